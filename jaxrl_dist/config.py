@@ -1,0 +1,213 @@
+"""Frozen dataclass configs for every group, strict loading and validation.
+
+The library takes these objects; Hydra and YAML live only in `cli.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional, Union
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the key."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "CartPole-v1"
+    suite: str = "auto"  # gymnax | envpool | auto (gymnax first, then envpool)
+    num_envs: int = 4
+    normalize_obs: Union[bool, str] = "auto"  # auto: on for continuous actions
+    normalize_reward: Union[bool, str] = "auto"
+    clip_obs: float = 10.0
+    clip_reward: float = 10.0
+    num_threads: int = 0  # envpool worker threads; 0 lets envpool choose
+    kwargs: dict = field(default_factory=dict)  # extra arguments to the env maker
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: str = "ppo"
+    total_timesteps: int = 500_000
+    num_steps: int = 128
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    lr: float = 2.5e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    clip_vloss: bool = False
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    adam_eps: float = 1e-5
+    network: str = "auto"  # mlp | cnn | auto (cnn for image observations)
+    hidden_sizes: tuple = (64, 64)
+    activation: str = "tanh"  # tanh | relu
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: Optional[str] = None  # run directory; default outputs/DATE/TIME
+    checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
+    resume: Optional[str] = None  # a run directory to continue
+    compile_cache: bool = True
+    progress: bool = True
+    log_chunks: int = 20  # host round-trips for logging over the whole run
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    seed: int = 0
+    num_seeds: int = 1
+
+
+class Derived(NamedTuple):
+    """Values computed from a config, in one place."""
+
+    batch_size: int  # per seed per update: num_envs * num_steps
+    minibatch_size: int
+    num_updates: int
+    normalize_obs: bool
+    normalize_reward: bool
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    """Cast a YAML/CLI value to the type of the field's default."""
+    if isinstance(default, bool) or (isinstance(default, str) and value in (True, False)):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if isinstance(default, tuple):
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+        raise ConfigError(f"{key}: expected a list, got {value!r}")
+    if isinstance(default, dict):
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = cls()
+    kwargs = {}
+    for name, value in (data or {}).items():
+        key = f"{prefix}{name}"
+        if name not in fields:
+            raise ConfigError(f"unknown config key '{key}'")
+        default = getattr(defaults, name)
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            kwargs[name] = _build(type(default), value, key + ".")
+        elif value is None:
+            kwargs[name] = None
+        else:
+            kwargs[name] = _coerce(value, default, key) if default is not None else value
+    return cls(**kwargs)
+
+
+def from_dict(data: dict) -> Config:
+    """Build a `Config` from nested plain dicts; unknown keys are errors."""
+    return validate(_build(Config, data, ""))
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict of a config (tuples as lists), for YAML/JSON."""
+
+    def plain(x):
+        if isinstance(x, tuple):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def _resolve_auto(value, key: str, continuous: bool) -> bool:
+    if value == "auto":
+        return continuous
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{key}: expected true, false or auto, got {value!r}")
+
+
+def _check_positive(cfg: Config) -> None:
+    checks = {
+        "env.num_envs": cfg.env.num_envs,
+        "algo.total_timesteps": cfg.algo.total_timesteps,
+        "algo.num_steps": cfg.algo.num_steps,
+        "algo.update_epochs": cfg.algo.update_epochs,
+        "algo.num_minibatches": cfg.algo.num_minibatches,
+        "algo.lr": cfg.algo.lr,
+        "num_seeds": cfg.num_seeds,
+        "run.log_chunks": cfg.run.log_chunks,
+    }
+    for key, value in checks.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if cfg.run.checkpoint_every < 0:
+        raise ConfigError(f"run.checkpoint_every must be >= 0, got {cfg.run.checkpoint_every}")
+    if any(h <= 0 for h in cfg.algo.hidden_sizes) or not cfg.algo.hidden_sizes:
+        raise ConfigError(f"algo.hidden_sizes must be positive sizes, got {list(cfg.algo.hidden_sizes)}")
+
+
+def validate(cfg: Config) -> Config:
+    """Check a config without touching JAX; raises `ConfigError` naming the key."""
+    _check_positive(cfg)
+    if cfg.env.suite not in ("auto", "gymnax", "envpool"):
+        raise ConfigError(f"env.suite must be gymnax, envpool or auto, got {cfg.env.suite!r}")
+    if cfg.algo.name != "ppo":
+        raise ConfigError(f"algo.name: only 'ppo' is available, got {cfg.algo.name!r}")
+    if cfg.algo.network not in ("auto", "mlp", "cnn"):
+        raise ConfigError(f"algo.network must be mlp, cnn or auto, got {cfg.algo.network!r}")
+    if cfg.algo.activation not in ("tanh", "relu"):
+        raise ConfigError(f"algo.activation must be tanh or relu, got {cfg.algo.activation!r}")
+    for key in ("gamma", "gae_lambda"):
+        if not 0.0 <= getattr(cfg.algo, key) <= 1.0:
+            raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg.algo, key)}")
+    batch = cfg.env.num_envs * cfg.algo.num_steps
+    if batch % cfg.algo.num_minibatches:
+        raise ConfigError(
+            f"algo.num_minibatches={cfg.algo.num_minibatches} does not divide the batch "
+            f"env.num_envs*algo.num_steps={batch}"
+        )
+    if cfg.algo.total_timesteps < batch:
+        raise ConfigError(
+            f"algo.total_timesteps={cfg.algo.total_timesteps} is smaller than one batch ({batch})"
+        )
+    for key in ("normalize_obs", "normalize_reward"):
+        _resolve_auto(getattr(cfg.env, key), f"env.{key}", False)
+    return cfg
+
+
+def derive(cfg: Config, continuous: bool = False) -> Derived:
+    """Derived sizes of a valid config; `continuous` resolves the `auto` options."""
+    batch = cfg.env.num_envs * cfg.algo.num_steps
+    return Derived(
+        batch_size=batch,
+        minibatch_size=batch // cfg.algo.num_minibatches,
+        num_updates=cfg.algo.total_timesteps // batch,
+        normalize_obs=_resolve_auto(cfg.env.normalize_obs, "env.normalize_obs", continuous),
+        normalize_reward=_resolve_auto(cfg.env.normalize_reward, "env.normalize_reward", continuous),
+    )

@@ -1,0 +1,63 @@
+"""gymnax environments: pure JAX, vmapped over the flat env batch, auto-reset."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist.types import EnvSpec, StepOut
+
+
+def gymnax_ids() -> list:
+    import gymnax
+
+    return list(gymnax.registered_envs)
+
+
+def _space_spec(env_id: str, env, params) -> EnvSpec:
+    from gymnax.environments import spaces
+
+    obs_space = env.observation_space(params)
+    act_space = env.action_space(params)
+    obs_dtype = np.dtype(getattr(obs_space, "dtype", np.float32))
+    if isinstance(act_space, spaces.Discrete):
+        return EnvSpec(env_id, "gymnax", tuple(obs_space.shape), obs_dtype, True, int(act_space.n))
+    shape = tuple(act_space.shape) or (1,)
+    low = np.broadcast_to(np.asarray(act_space.low, np.float32), shape)
+    high = np.broadcast_to(np.asarray(act_space.high, np.float32), shape)
+    return EnvSpec(env_id, "gymnax", tuple(obs_space.shape), obs_dtype, False, int(np.prod(shape)),
+                   low, high)
+
+
+class GymnaxEnv:
+    """`num_envs` copies of one gymnax env, stepped with `vmap`."""
+
+    def __init__(self, env_id: str, num_envs: int, kwargs: dict | None = None):
+        import gymnax
+
+        self.env, self.params = gymnax.make(env_id, **(kwargs or {}))
+        self.num_envs = num_envs
+        self.spec = _space_spec(env_id, self.env, self.params)
+        # gymnax continuous envs with a scalar action space take a scalar
+        self._scalar_action = (not self.spec.discrete
+                               and tuple(self.env.action_space(self.params).shape) == ())
+
+    def reset(self, key):
+        keys = jax.random.split(key, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, (0, None))(keys, self.params)
+        return state, obs
+
+    def step(self, env_state, action, key):
+        keys = jax.random.split(key, self.num_envs)
+        if self._scalar_action:
+            action = action[..., 0]
+        obs, state, reward, term, trunc, info = jax.vmap(self.env.step, (0, 0, 0, None))(
+            keys, env_state, action, self.params)
+        term = term.astype(bool)
+        trunc = trunc.astype(bool) & ~term
+        ones = jnp.ones_like(term)
+        reward = reward.astype(jnp.float32)
+        out = StepOut(obs=obs, final_obs=info["final_observation"], reward=reward,
+                      terminated=term, truncated=trunc, valid=ones, log_reward=reward,
+                      episode_end=term | trunc)
+        return state, out

@@ -1,0 +1,122 @@
+"""The single-process fast path: rollout + PPO update repeated inside one jit.
+
+`make_train_chunk` scans `K` updates in one compiled call; the runner calls it
+repeatedly (the same executable every time) so it can log and checkpoint
+between chunks. With `K` equal to the number of updates the whole training is
+one call. Seeds are a leading axis on every piece of state.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist import ppo
+from jaxrl_dist.config import Config, Derived, derive
+from jaxrl_dist.networks import make_network
+from jaxrl_dist.rollout import RolloutOptions, init_actor, make_rollout
+from jaxrl_dist.types import RunnerState, TrainState
+
+
+class Setup(NamedTuple):
+    """Everything static that a trainer closes over."""
+
+    cfg: Config
+    derived: Derived
+    network: Any
+    tx: Any
+    rollout_opts: RolloutOptions
+    ppo_opts: ppo.PPOOptions
+
+
+def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
+    derived = derive(cfg, continuous=not spec.discrete)
+    a = cfg.algo
+    network = make_network(spec, a.network, a.hidden_sizes, a.activation)
+    grad_steps = derived.num_updates * a.update_epochs * a.num_minibatches
+    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
+    ropts = RolloutOptions(a.num_steps, cfg.num_seeds, derived.normalize_obs,
+                           derived.normalize_reward, a.gamma, cfg.env.clip_obs,
+                           cfg.env.clip_reward, unroll)
+    popts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef,
+                           a.vf_coef, a.update_epochs, a.num_minibatches, a.norm_adv,
+                           spec.discrete, spec.delayed_reset)
+    return Setup(cfg, derived, network, tx, ropts, popts)
+
+
+def init_train_state(setup: Setup, spec, key) -> TrainState:
+    """Parameters and optimiser state of one seed."""
+    dummy = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
+    params = setup.network.init(key, dummy)
+    return TrainState(params=params, opt_state=setup.tx.init(params), step=jnp.zeros((), jnp.int32),
+                      apply_fn=setup.network.apply, tx=setup.tx)
+
+
+def init_runner(setup: Setup, env, seed: int) -> RunnerState:
+    """Fresh state for `num_seeds` seeds; resets the env (host side for envpool)."""
+    S = setup.cfg.num_seeds
+    root = jax.random.PRNGKey(seed)
+    init_key, env_key, run_key = jax.random.split(root, 3)
+    train = jax.vmap(lambda k: init_train_state(setup, env.spec, k))(jax.random.split(init_key, S))
+    actor = init_actor(env, env_key, S)
+    return RunnerState(train, actor, jax.random.split(run_key, S), jnp.zeros((), jnp.int32))
+
+
+def _episode_metrics(traj) -> dict:
+    """Per-seed sum and count of the episodes completed in this rollout."""
+    ret_sum = traj.done_return.sum(axis=(0, 2))
+    count = traj.done.sum(axis=(0, 2)).astype(jnp.float32)
+    return {"episode_return_sum": ret_sum, "episodes": count,
+            "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
+
+
+def make_update_step(setup: Setup, env):
+    """`step(runner) -> (runner, metrics)`: one rollout and one PPO update per seed."""
+    apply_fn = setup.network.apply
+    rollout = make_rollout(env, apply_fn, setup.rollout_opts)
+    update = jax.vmap(ppo.make_update(apply_fn, setup.ppo_opts))
+
+    def step(runner: RunnerState, _=None):
+        keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
+        actor, traj, last_obs = rollout(runner.train.params, runner.actor, keys[:, 1])
+        seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
+        train, metrics = update(runner.train, seed_major, last_obs, keys[:, 2])
+        metrics.update(_episode_metrics(traj))
+        return RunnerState(train, actor, keys[:, 0], runner.update + 1), metrics
+
+    return step
+
+
+def make_train_chunk(setup: Setup, env, num_updates: int):
+    """Jitted `chunk(runner) -> (runner, metrics[K, S])` running `K = num_updates` updates."""
+    step = make_update_step(setup, env)
+
+    def chunk(runner: RunnerState):
+        return jax.lax.scan(step, runner, None, length=num_updates)
+
+    return jax.jit(chunk, donate_argnums=0)
+
+
+def make_train(cfg: Config, env, unroll: int = 1):
+    """Whole training in one jitted call: `train(seed) -> (runner, metrics[U, S])`.
+
+    The env is reset on the host first (envpool needs that), then every
+    update runs inside a single compiled program.
+    """
+    setup = make_setup(cfg, env.spec, unroll)
+    chunk = make_train_chunk(setup, env, setup.derived.num_updates)
+
+    def train(seed: int):
+        return chunk(init_runner(setup, env, seed))
+
+    return train
+
+
+def chunk_size(num_updates: int, log_chunks: int, checkpoint_every: int = 0) -> int:
+    """Largest `K` dividing `num_updates` (and `checkpoint_every`) with about
+    `log_chunks` chunks in the run, so every chunk call reuses one executable."""
+    limit = num_updates if not checkpoint_every else np.gcd(num_updates, checkpoint_every)
+    target = max(1, num_updates // max(1, log_chunks))
+    return max(k for k in range(1, int(limit) + 1) if limit % k == 0 and k <= target) if target < limit else int(limit)

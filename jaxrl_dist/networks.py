@@ -1,0 +1,123 @@
+"""Actor-critic networks (flax linen) and the action distributions they define.
+
+Torsos: an MLP (separate actor and critic towers) and the Nature Atari CNN
+(shared torso). Heads: categorical logits for discrete actions, a Gaussian with
+state-independent log-std for continuous ones. `make_network` picks both from
+the env's spaces.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist.types import EnvSpec
+
+
+class PolicyOut(NamedTuple):
+    """Network output for a batch: `[..., A]` logits or mean, `[A]` log-std, `[...]` value."""
+
+    logits: jax.Array  # categorical logits, or Gaussian mean
+    log_std: jax.Array  # unused (zeros) for discrete actions
+    value: jax.Array
+
+
+def _dense(features: int, scale: float) -> nn.Dense:
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
+                    bias_init=nn.initializers.constant(0.0))
+
+
+_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+class MLP(nn.Module):
+    hidden_sizes: Sequence[int]
+    activation: str
+    out: int
+    out_scale: float
+
+    @nn.compact
+    def __call__(self, x):
+        act = _ACTIVATIONS[self.activation]
+        for size in self.hidden_sizes:
+            x = act(_dense(size, np.sqrt(2))(x))
+        return _dense(self.out, self.out_scale)(x)
+
+
+class NatureCNN(nn.Module):
+    """The DQN/PPO Atari torso; takes `[..., C, H, W]` uint8 frames (envpool layout)."""
+
+    @nn.compact
+    def __call__(self, obs):
+        x = jnp.moveaxis(obs, -3, -1).astype(jnp.float32) / 255.0
+        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), padding="VALID",
+                                kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        return nn.relu(_dense(512, np.sqrt(2))(x))
+
+
+class ActorCritic(nn.Module):
+    num_actions: int
+    discrete: bool
+    torso: str = "mlp"  # mlp | cnn
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    obs_rank: int = 1  # trailing observation axes, flattened for the MLP
+
+    @nn.compact
+    def __call__(self, obs) -> PolicyOut:
+        if self.torso == "cnn":
+            h = NatureCNN()(obs)
+            logits = _dense(self.num_actions, 0.01)(h)
+            value = _dense(1, 1.0)(h)[..., 0]
+        else:
+            x = obs.reshape(obs.shape[: obs.ndim - self.obs_rank] + (-1,)).astype(jnp.float32)
+            logits = MLP(self.hidden_sizes, self.activation, self.num_actions, 0.01)(x)
+            value = MLP(self.hidden_sizes, self.activation, 1, 1.0)(x)[..., 0]
+        if self.discrete:
+            log_std = jnp.zeros((self.num_actions,), jnp.float32)
+        else:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.num_actions,))
+        return PolicyOut(logits, log_std, value)
+
+
+def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
+                 activation: str = "tanh") -> ActorCritic:
+    """Build the actor-critic for an env: CNN for image observations, else MLP."""
+    torso = network
+    if torso == "auto":
+        torso = "cnn" if len(spec.obs_shape) == 3 else "mlp"
+    return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
+                       max(1, len(spec.obs_shape)))
+
+
+# ---- distributions -------------------------------------------------------
+
+_LOG_2PI = float(np.log(2 * np.pi))
+
+
+def sample_action(out: PolicyOut, key: jax.Array, discrete: bool) -> jax.Array:
+    if discrete:
+        return jax.random.categorical(key, out.logits)
+    noise = jax.random.normal(key, out.logits.shape, out.logits.dtype)
+    return out.logits + jnp.exp(out.log_std) * noise
+
+
+def log_prob(out: PolicyOut, action: jax.Array, discrete: bool) -> jax.Array:
+    if discrete:
+        logp = jax.nn.log_softmax(out.logits)
+        return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    z = (action - out.logits) * jnp.exp(-out.log_std)
+    return jnp.sum(-0.5 * z * z - out.log_std - 0.5 * _LOG_2PI, axis=-1)
+
+
+def entropy(out: PolicyOut, discrete: bool) -> jax.Array:
+    if discrete:
+        logp = jax.nn.log_softmax(out.logits)
+        return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    per_dim = out.log_std + 0.5 * (1.0 + _LOG_2PI)
+    return jnp.broadcast_to(jnp.sum(per_dim), out.value.shape)

@@ -1,0 +1,147 @@
+"""PPO: GAE, the clipped losses and the jitted update (epochs x minibatches).
+
+All functions work on one seed; the trainers vmap them over seeds.
+Shapes are time-major: `[T, B]` for per-step values.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_dist import networks
+from jaxrl_dist.types import TrainState, Transition
+
+
+class PPOOptions(NamedTuple):
+    """Static PPO settings (closed over, never traced)."""
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    clip_vloss: bool = False
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    norm_adv: bool = True
+    discrete: bool = True
+    masked: bool = False  # some transitions are invalid (envpool reset steps)
+
+
+class Batch(NamedTuple):
+    """One flat minibatch `[M, ...]` for the loss."""
+
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target: jax.Array
+    valid: jax.Array
+
+
+def gae(reward, value, next_value, terminated, done, gamma: float, lam: float):
+    """Generalised advantage estimates, `[T, ...]` each, time-major.
+
+    `next_value[t]` is the value of the observation transition `t` ended in
+    (before any auto-reset): it bootstraps truncated episodes and is cut only
+    by `terminated`. `done` (terminated or truncated) stops the recursion.
+    Returns `(advantages, value_targets)`.
+    """
+    delta = reward + gamma * (1.0 - terminated) * next_value - value
+    carry_scale = gamma * lam * (1.0 - done)
+
+    def backward(adv_next, xs):
+        d, c = xs
+        adv = d + c * adv_next
+        return adv, adv
+
+    _, adv = jax.lax.scan(backward, jnp.zeros_like(delta[0]), (delta, carry_scale), reverse=True)
+    return adv, adv + value
+
+
+def _mean(x, w):
+    return x.mean() if w is None else (x * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions):
+    """Clipped-surrogate PPO loss of one minibatch; returns `(loss, metrics)`."""
+    w = batch.valid.astype(jnp.float32) if opts.masked else None
+    out = apply_fn(params, batch.obs)
+    logp = networks.log_prob(out, batch.action, opts.discrete)
+    log_ratio = logp - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    adv = batch.advantage
+    if opts.norm_adv:
+        mean = _mean(adv, w)
+        adv = (adv - mean) / (jnp.sqrt(_mean((adv - mean) ** 2, w)) + 1e-8)
+    pg_loss = _mean(-jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - opts.clip_eps, 1 + opts.clip_eps) * adv), w)
+    v_err = (out.value - batch.target) ** 2
+    if opts.clip_vloss:
+        v_clipped = batch.value + jnp.clip(out.value - batch.value, -opts.clip_eps, opts.clip_eps)
+        v_err = jnp.maximum(v_err, (v_clipped - batch.target) ** 2)
+    v_loss = 0.5 * _mean(v_err, w)
+    ent = _mean(networks.entropy(out, opts.discrete), w)
+    loss = pg_loss + opts.vf_coef * v_loss - opts.ent_coef * ent
+    metrics = {
+        "loss": loss, "pg_loss": pg_loss, "v_loss": v_loss, "entropy": ent,
+        "approx_kl": _mean((ratio - 1.0) - log_ratio, w),
+        "clipfrac": _mean((jnp.abs(ratio - 1.0) > opts.clip_eps).astype(jnp.float32), w),
+    }
+    return loss, metrics
+
+
+def make_optimizer(lr: float, max_grad_norm: float, adam_eps: float, anneal_steps: int = 0):
+    """Adam with global-norm clipping; linear LR decay to 0 over `anneal_steps` if > 0."""
+    schedule = optax.linear_schedule(lr, 0.0, anneal_steps) if anneal_steps else lr
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps))
+
+
+def next_values(apply_fn, params, traj: Transition, last_obs):
+    """Value of the observation each transition ended in, `[T, B]`.
+
+    Where the final observation is the next one (envpool), it is the next
+    step's value, and the last one is `V(last_obs)`; otherwise (auto-reset
+    envs) the stored final observations are evaluated in one batched call.
+    """
+    if traj.final_obs is None:
+        last = apply_fn(params, last_obs).value
+        return jnp.concatenate([traj.value[1:], last[None]], axis=0)
+    return apply_fn(params, traj.final_obs).value
+
+
+def make_batch(apply_fn, params, traj: Transition, last_obs, opts: PPOOptions) -> Batch:
+    """GAE over one seed's `[T, B]` trajectory, flattened to `[T * B]`."""
+    nv = next_values(apply_fn, params, traj, last_obs)
+    term = traj.terminated.astype(jnp.float32)
+    done = jnp.maximum(term, traj.truncated.astype(jnp.float32))
+    adv, target = gae(traj.reward, traj.value, nv, term, done, opts.gamma, opts.gae_lambda)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    return Batch(flat(traj.obs), flat(traj.action), flat(traj.log_prob), flat(traj.value),
+                 flat(adv), flat(target), flat(traj.valid))
+
+
+def make_update(apply_fn: Callable, opts: PPOOptions):
+    """Build `update(train_state, traj[T,B], last_obs[B], key) -> (train_state, metrics)`."""
+    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+
+    def update(state: TrainState, traj: Transition, last_obs, key):
+        batch = make_batch(apply_fn, state.params, traj, last_obs, opts)
+        n = batch.advantage.shape[0]
+        m = opts.num_minibatches
+        perms = jax.vmap(lambda k: jax.random.permutation(k, n))(
+            jax.random.split(key, opts.update_epochs))
+        idx = perms.reshape(opts.update_epochs * m, n // m)
+
+        def minibatch_step(state, mb_idx):
+            mb = jax.tree.map(lambda x: x[mb_idx], batch)
+            (_, metrics), grads = grad_fn(state.params, apply_fn, mb, opts)
+            return state.apply_gradients(grads), metrics
+
+        state, metrics = jax.lax.scan(minibatch_step, state, idx)
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    return update

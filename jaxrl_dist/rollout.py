@@ -1,0 +1,114 @@
+"""The actor's work: a jitted T-step rollout of the current policy.
+
+One `lax.scan` over time; the policy is vmapped over the seed axis `S` while
+the env steps one flat batch of `N = S * B` envs (envpool cannot be vmapped).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_dist import networks, normalize
+from jaxrl_dist.envs import init_episodes, track_episodes
+from jaxrl_dist.types import ActorState, Transition
+
+
+class RolloutOptions(NamedTuple):
+    """Static rollout settings (closed over, never traced)."""
+
+    num_steps: int
+    num_seeds: int
+    normalize_obs: bool
+    normalize_reward: bool
+    gamma: float
+    clip_obs: float = 10.0
+    clip_reward: float = 10.0
+    unroll: int = 1
+
+
+def init_actor(env, key, num_seeds: int) -> ActorState:
+    """Reset the env batch and build fresh per-seed normaliser statistics."""
+    env_state, obs = env.reset(key)
+    per_seed = env.num_envs // num_seeds
+    norm = jax.vmap(lambda _: normalize.init_norm(env.spec.obs_shape, per_seed))(
+        jnp.arange(num_seeds))
+    # seed the observation statistics with the first observations
+    norm = norm._replace(obs=jax.vmap(normalize.update_moments)(norm.obs, _by_seed(obs, num_seeds)))
+    return ActorState(env_state, obs, init_episodes(env.num_envs), norm)
+
+
+def _by_seed(x, num_seeds):
+    return x.reshape((num_seeds, x.shape[0] // num_seeds) + x.shape[1:])
+
+
+def _flat(x):
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def make_policy_step(apply_fn: Callable, spec, opts: RolloutOptions):
+    """`policy(params[S], obs_norm[S,B], key[S]) -> (action, env_action, log_prob, value)`."""
+
+    def one_seed(params, obs, key):
+        out = apply_fn(params, obs)
+        action = networks.sample_action(out, key, spec.discrete)
+        return action, networks.log_prob(out, action, spec.discrete), out.value
+
+    def policy(params, obs, keys):
+        action, logp, value = jax.vmap(one_seed)(params, obs, keys)
+        env_action = action
+        if not spec.discrete:  # the env sees the clipped action; the loss the sampled one
+            env_action = jnp.clip(action, spec.action_low, spec.action_high)
+        return action, env_action, logp, value
+
+    return policy
+
+
+def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
+    """Build `rollout(params[S], actor, key[S]) -> (actor, traj[T,S,B], last_obs[S,B,...])`.
+
+    `traj.obs` and `last_obs` are normalised when observation normalisation is on;
+    `traj.final_obs` is `None` for envs whose final observation is the next one.
+    """
+    spec, S = env.spec, opts.num_seeds
+    policy = make_policy_step(apply_fn, spec, opts)
+    norm_obs = jax.vmap(normalize.normalize, (0, 0, None))
+
+    def observe(norm, obs):
+        obs = _by_seed(obs, S)
+        return norm_obs(norm.obs, obs, opts.clip_obs) if opts.normalize_obs else obs
+
+    def update_norm(norm, raw_obs, reward, done):
+        if opts.normalize_obs:
+            norm = norm._replace(obs=jax.vmap(normalize.update_moments)(norm.obs, _by_seed(raw_obs, S)))
+        if opts.normalize_reward:
+            norm, reward = jax.vmap(normalize.scale_reward, (0, 0, 0, None, None))(
+                norm, _by_seed(reward, S), _by_seed(done, S), opts.gamma, opts.clip_reward)
+            return norm, _flat(reward)
+        return norm, reward
+
+    def env_step(params, actor: ActorState, keys):
+        step_keys = jax.vmap(jax.random.split)(keys)  # [S, 2]
+        obs = observe(actor.norm, actor.obs)
+        action, env_action, logp, value = policy(params, obs, step_keys[:, 0])
+        env_state, out = env.step(actor.env_state, _flat(env_action), step_keys[0, 1])
+        episodes, done_return, ended = track_episodes(actor.episodes, out)
+        norm, reward = update_norm(actor.norm, out.obs, out.reward, out.terminated | out.truncated)
+        final_obs = None if spec.delayed_reset else observe(norm, out.final_obs)
+        tr = Transition(obs=obs, final_obs=final_obs, action=action, log_prob=logp, value=value,
+                        reward=_by_seed(reward, S), terminated=_by_seed(out.terminated, S),
+                        truncated=_by_seed(out.truncated, S), valid=_by_seed(out.valid, S),
+                        done_return=_by_seed(done_return, S), done=_by_seed(ended, S))
+        return ActorState(env_state, out.obs, episodes, norm), tr
+
+    def rollout(params, actor: ActorState, key):
+        keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, opts.num_steps))(key), 0, 1)
+
+        def scan_step(actor, step_keys):
+            return env_step(params, actor, step_keys)
+
+        actor, traj = jax.lax.scan(scan_step, actor, keys, unroll=opts.unroll)
+        return actor, traj, observe(actor.norm, actor.obs)
+
+    return rollout
