@@ -1,0 +1,150 @@
+"""Per-update metric records and where they go: JSONL, TensorBoard, progress bar.
+
+The record helpers are pure functions over numpy arrays so the summary can be
+recomputed from `metrics.jsonl` alone (which is what makes a resumed run's
+summary identical to an uninterrupted one's). TensorBoard and rich are
+imported only when switched on.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+# chunk metrics averaged over seeds into one number per update
+LOSS_KEYS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+
+
+def nan_to_none(x: float) -> Optional[float]:
+    """JSON has no NaN; a missing value is `null`."""
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def seed_mean(values) -> Optional[float]:
+    """Mean over seeds ignoring NaN (seeds that finished no episode); None if all NaN."""
+    values = np.asarray(values, np.float64)
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if finite.size else None
+
+
+def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: float) -> list:
+    """One JSON-ready record per update from a chunk's `[K, S]` metric arrays.
+
+    `first_update` is the 1-based number of the chunk's first update;
+    `env_steps` counts steps per seed, like `algo.total_timesteps`.
+    """
+    records = []
+    for k in range(np.shape(metrics["loss"])[0]):
+        update = first_update + k
+        rec = {"update": update, "env_steps": update * steps_per_update,
+               "return": seed_mean(metrics["return_mean"][k])}
+        rec.update({name: nan_to_none(np.mean(metrics[name][k])) for name in LOSS_KEYS})
+        rec["sps"] = nan_to_none(sps)
+        # per-seed sums, so final returns can be recomputed from the file
+        rec["episode_return_sum"] = [float(x) for x in metrics["episode_return_sum"][k]]
+        rec["episodes"] = [float(x) for x in metrics["episodes"][k]]
+        records.append(rec)
+    return records
+
+
+def final_returns(records: list, num_updates: int, fraction: float = 0.1):
+    """Mean return of the episodes completed in the last `fraction` of updates.
+
+    Per seed: sum of episode returns over those updates / number of episodes;
+    then averaged over seeds. Returns `(mean or None, [per seed or None])`.
+    """
+    window = max(1, math.ceil(fraction * num_updates))
+    last = [r for r in records if r["update"] > num_updates - window]
+    if not last:
+        return None, []
+    ret = np.sum([r["episode_return_sum"] for r in last], axis=0)
+    eps = np.sum([r["episodes"] for r in last], axis=0)
+    per_seed = np.where(eps > 0, ret / np.maximum(eps, 1.0), np.nan)
+    return seed_mean(per_seed), [nan_to_none(x) for x in per_seed]
+
+
+def read_records(path: Path, upto: Optional[int] = None) -> list:
+    """Records of `metrics.jsonl` (those with `update <= upto` if given)."""
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if upto is None or r["update"] <= upto]
+
+
+def truncate_records(path: Path, upto: int) -> list:
+    """Drop records past update `upto` (written after the checkpoint a resume starts from)."""
+    records = read_records(path, upto)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+class MetricsLogger:
+    """Appends records to `metrics.jsonl`, TensorBoard and a rich progress bar."""
+
+    def __init__(self, run_dir: Path, total_steps: int, done_steps: int = 0,
+                 tensorboard: bool = True, progress: bool = True):
+        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            # purge_step hides events a killed run wrote past its last checkpoint
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=done_steps + 1)
+        self._progress = _make_progress(total_steps, done_steps) if progress else None
+
+    def log(self, records: list) -> None:
+        for rec in records:
+            self._file.write(json.dumps(rec) + "\n")
+            if self._tb is not None:
+                _write_tb(self._tb, rec)
+        if self._progress is not None and records:
+            last = records[-1]
+            ret = "-" if last["return"] is None else f"{last['return']:.1f}"
+            self._progress[0].update(self._progress[1], completed=last["env_steps"],
+                                     sps=f"{last['sps'] or 0:,.0f}", ret=ret)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._progress is not None:
+            self._progress[0].stop()
+
+
+def _write_tb(writer, rec: dict) -> None:
+    step = rec["env_steps"]
+    if rec["return"] is not None:
+        writer.add_scalar("charts/episodic_return", rec["return"], step)
+    writer.add_scalar("charts/sps", rec["sps"] or 0.0, step)
+    for name in LOSS_KEYS:
+        if rec[name] is not None:
+            writer.add_scalar(f"losses/{name}", rec[name], step)
+
+
+def _make_progress(total_steps: int, done_steps: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}"),
+                        TimeRemainingColumn(), transient=False)
+    task = progress.add_task("train", total=total_steps, completed=done_steps, sps="-", ret="-")
+    progress.start()
+    return progress, task
+
+
+def summary_table(summary: dict):
+    """A rich table of the summary's scalar entries."""
+    from rich.table import Table
+
+    table = Table(title="run summary", show_header=False)
+    for key, value in summary.items():
+        if isinstance(value, float):
+            value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        elif isinstance(value, list):
+            value = ", ".join("-" if v is None else f"{v:.4g}" for v in value)
+        table.add_row(key, str(value))
+    return table
