@@ -1,0 +1,59 @@
+"""jaxrl-dist: PPO in JAX with a fused single-process trainer and distributed actors.
+
+The public names below are imported on first use (module `__getattr__`), so
+`import jaxrl_dist` stays light: it loads neither JAX nor any optional
+backend (envpool, ray, the HTTP stack) nor Hydra.
+
+    from jaxrl_dist import from_dict, train
+    summary = train(from_dict({"env": {"id": "CartPole-v1"}}))
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+try:
+    from importlib.metadata import PackageNotFoundError, version
+
+    __version__ = version("jaxrl-dist")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0"
+
+# public name -> (submodule, attribute)
+_EXPORTS = {
+    "Config": ("config", "Config"),
+    "EnvConfig": ("config", "EnvConfig"),
+    "AlgoConfig": ("config", "AlgoConfig"),
+    "RunConfig": ("config", "RunConfig"),
+    "from_dict": ("config", "from_dict"),
+    "train": ("runner", "train"),
+    "make_env": ("envs", "make_env"),
+    "make_network": ("networks", "make_network"),
+    "make_update": ("ppo", "make_update"),
+    "make_train": ("fused", "make_train"),
+    "gae": ("ppo", "gae"),
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jaxrl_dist' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    value = getattr(importlib.import_module(f"jaxrl_dist.{module}"), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # static analysers see the real objects
+    from jaxrl_dist.config import AlgoConfig, Config, EnvConfig, RunConfig, from_dict
+    from jaxrl_dist.envs import make_env
+    from jaxrl_dist.fused import make_train
+    from jaxrl_dist.networks import make_network
+    from jaxrl_dist.ppo import gae, make_update
+    from jaxrl_dist.runner import train
