@@ -45,8 +45,9 @@ def presets() -> list:
 
 
 def _normalise_overrides(overrides: Sequence[str]) -> list:
-    """`env.kwargs` is an open mapping: let `env.kwargs.x=1` add a key without `+`."""
-    return [f"++{o}" if o.startswith("env.kwargs.") else o for o in overrides]
+    """`env.kwargs` is an open mapping: let `env.kwargs.x=1` and `env.kwargs={x: 1}`
+    add keys without Hydra's `++` (the composed config is otherwise closed)."""
+    return [f"++{o}" if o.startswith(("env.kwargs.", "env.kwargs=")) else o for o in overrides]
 
 
 def _hydra_message(err: Exception) -> str:
