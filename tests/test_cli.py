@@ -1,0 +1,119 @@
+"""The `jaxrl-dist` CLI end to end: run files, config errors, presets, learning."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxrl_dist import cli
+from jaxrl_dist.config import from_dict
+
+SUMMARY_KEYS = {
+    "env_id", "final_return", "returns_per_seed", "env_steps", "wall_seconds",
+    "compile_seconds", "train_seconds", "sps", "params_sha256", "peak_rss_mb",
+    "num_seeds", "num_updates",
+}
+# compiled chunks survive between test sessions; the key covers jax version and program
+CACHE_HOME = Path(tempfile.gettempdir()) / "jaxrl-dist-test-cache"
+
+
+def command() -> list:
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    return subprocess.run(command() + list(args), capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_help_prints_usage():
+    out = run_cli("--help", timeout=60)
+    assert out.returncode == 0
+    assert "usage: jaxrl-dist" in out.stdout and "train" in out.stdout
+    assert "cartpole" in out.stdout  # presets are listed
+
+
+def test_train_writes_complete_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli("train", f"run.dir={run_dir}", "algo.total_timesteps=10240",
+                  "run.progress=false", "num_seeds=2")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["num_updates"] == 20 and summary["num_seeds"] == 2
+    assert summary["env_steps"] == 20 * 512
+    assert len(summary["returns_per_seed"]) == 2 and len(summary["params_sha256"]) == 64
+    assert summary["compile_seconds"] > 0 and summary["peak_rss_mb"] > 0
+    assert summary["wall_seconds"] >= summary["compile_seconds"] + summary["train_seconds"]
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records] == list(range(1, 21))
+    assert {"env_steps", "return", "loss", "pg_loss", "v_loss", "approx_kl", "clipfrac",
+            "sps"} <= set(records[0])
+
+    import yaml
+
+    saved = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    assert saved.algo.total_timesteps == 10240 and saved.run.dir == str(run_dir)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "checkpoints" / "20").is_dir()  # the final checkpoint
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algo.foo=1", "'algo.foo'"),
+    ("+algo.foo=1", "'algo.foo'"),
+    ("env.id=NoSuchEnv-v0", "env.id"),
+    ("env.num_envs=0", "env.num_envs"),
+    ("algo.num_minibatches=3", "algo.num_minibatches"),
+    ("env=nosuch", "env preset 'nosuch'"),
+    ("algo.lr=[", "algo.lr"),
+])
+def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
+    run_dir = tmp_path / "run"
+    start = time.perf_counter()
+    out = run_cli("train", f"run.dir={run_dir}", override, timeout=120)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], lines
+    assert not run_dir.exists()  # failed before making the run (nothing compiled)
+    assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize("preset", cli.presets())
+def test_every_preset_composes_to_a_valid_config(preset):
+    cfg = from_dict(cli.compose([f"env={preset}"]))
+    assert cfg.env.id and cfg.env.num_envs > 0
+
+
+def test_preset_values_are_defaults_that_overrides_win():
+    cfg = from_dict(cli.compose(["env.id=Pendulum-v1", "algo.lr=1e-3", "algo.total_timesteps=1e6"]))
+    assert cfg.env.id == "Pendulum-v1" and cfg.algo.lr == 1e-3
+    assert cfg.algo.total_timesteps == 1_000_000
+    hopper = from_dict(cli.compose(["env=hopper", "algo.num_minibatches=16"]))
+    assert (hopper.env.id, hopper.env.suite, hopper.algo.num_minibatches) == ("Hopper-v3", "envpool", 16)
+    assert hopper.algo.update_epochs == 10 and hopper.algo.clip_vloss
+
+
+def test_env_kwargs_is_an_open_mapping():
+    cfg = from_dict(cli.compose(["env.kwargs.max_episode_steps=100"]))
+    assert cfg.env.kwargs == {"max_episode_steps": 100}
+    cfg = from_dict(cli.compose(["env.kwargs={a: 1, b: x}"]))
+    assert cfg.env.kwargs == {"a": 1, "b": "x"}
+
+
+def test_default_train_solves_cartpole(tmp_path):
+    """`jaxrl-dist train` with the defaults: CartPole-v1, 5e5 steps."""
+    run_dir = tmp_path / "run"
+    out = run_cli("train", f"run.dir={run_dir}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_id"] == "CartPole-v1" and summary["env_steps"] >= 490_000
+    assert summary["final_return"] >= 475, summary

@@ -1,0 +1,95 @@
+"""Run-loop helpers (pure functions) and the light top-level import."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrl_dist import logger, runner
+
+
+def test_import_is_light_and_exports_the_public_api():
+    code = ("import sys, jaxrl_dist; "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in "
+            "('jax', 'envpool', 'ray', 'httpx', 'uvicorn', 'hydra', 'omegaconf', 'orbax')]; "
+            "print(heavy, jaxrl_dist.__version__, jaxrl_dist.train.__module__, "
+            "jaxrl_dist.gae.__module__, jaxrl_dist.make_train.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    heavy, version, *modules = out.stdout.split()
+    assert heavy == "[]" and version[0].isdigit()
+    assert modules == ["jaxrl_dist.runner", "jaxrl_dist.ppo", "jaxrl_dist.fused"]
+
+
+def test_importing_the_runner_does_not_import_hydra_or_envpool():
+    code = ("import sys, jaxrl_dist.runner, jaxrl_dist.checkpoint; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('envpool', 'hydra', 'ray')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def metrics(ret_sum, episodes, k=1):
+    S = len(ret_sum)
+    ret_sum, episodes = np.asarray(ret_sum, np.float32), np.asarray(episodes, np.float32)
+    mean = np.where(episodes > 0, ret_sum / np.maximum(episodes, 1), np.nan)
+    base = {name: np.full((k, S), 0.5, np.float32) for name in logger.LOSS_KEYS}
+    return {**base, "episode_return_sum": np.tile(ret_sum, (k, 1)),
+            "episodes": np.tile(episodes, (k, 1)), "return_mean": np.tile(mean, (k, 1))}
+
+
+def test_chunk_records_one_per_update_and_nan_safe():
+    recs = logger.chunk_records(metrics([10.0, 0.0], [2, 0], k=3), first_update=4,
+                                steps_per_update=512, sps=1000.0)
+    assert [r["update"] for r in recs] == [4, 5, 6]
+    assert recs[0]["env_steps"] == 4 * 512
+    assert recs[0]["return"] == 5.0  # the seed without episodes is left out
+    assert recs[0]["episodes"] == [2.0, 0.0]
+    nothing = logger.chunk_records(metrics([0.0], [0]), 1, 512, 1.0)
+    assert nothing[0]["return"] is None
+    json.dumps(recs + nothing, allow_nan=False)  # valid JSON: no NaN
+
+
+def test_final_returns_weights_episodes_over_the_last_tenth():
+    recs = []
+    for update in range(1, 21):  # last 10% = updates 19 and 20
+        recs += logger.chunk_records(metrics([update * 10.0, 0.0], [1, 0]), update, 1, 1.0)
+    recs[-1]["episode_return_sum"] = [600.0, 0.0]
+    recs[-1]["episodes"] = [3.0, 0.0]
+    mean, per_seed = logger.final_returns(recs, num_updates=20)
+    assert per_seed == [pytest.approx((190.0 + 600.0) / 4), None]
+    assert mean == pytest.approx(197.5)
+
+
+def test_truncate_records_drops_updates_past_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"update": u}) + "\n" for u in range(1, 8)))
+    assert [r["update"] for r in logger.truncate_records(path, 5)] == [1, 2, 3, 4, 5]
+    assert len(path.read_text().splitlines()) == 5
+    assert logger.truncate_records(tmp_path / "missing.jsonl", 3) == []
+
+
+def test_default_run_dir_is_dated_and_unique(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    when = datetime.datetime(2025, 1, 2, 3, 4, 5)
+    first = runner.default_run_dir(when)
+    assert first.as_posix() == "outputs/2025-01-02/03-04-05"
+    first.mkdir(parents=True)
+    assert runner.default_run_dir(when).name == "03-04-05-1"
+
+
+def test_compile_cache_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert runner.compile_cache_dir() == tmp_path / "jaxrl-dist" / "xla"
+
+
+def test_params_digest_changes_with_params():
+    a = {"w": np.zeros((2, 3), np.float32)}
+    b = {"w": np.zeros((2, 3), np.float32) + 1e-7}
+    assert runner.params_digest(a) == runner.params_digest({"w": np.zeros((2, 3), np.float32)})
+    assert runner.params_digest(a) != runner.params_digest(b)
+    assert math.isfinite(runner.peak_rss_mb())
