@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist import ppo
+from jaxrl_dist import ppo, rng
 from jaxrl_dist.config import Config, Derived, derive
 from jaxrl_dist.networks import make_network
 from jaxrl_dist.rollout import RolloutOptions, init_actor, make_rollout
@@ -57,11 +57,11 @@ def init_train_state(setup: Setup, spec, key) -> TrainState:
 def init_runner(setup: Setup, env, seed: int) -> RunnerState:
     """Fresh state for `num_seeds` seeds; resets the env (host side for envpool)."""
     S = setup.cfg.num_seeds
-    root = jax.random.PRNGKey(seed)
-    init_key, env_key, run_key = jax.random.split(root, 3)
+    init_key, env_key, run_key = jax.random.split(rng.key(seed), 3)
     train = jax.vmap(lambda k: init_train_state(setup, env.spec, k))(jax.random.split(init_key, S))
     actor = init_actor(env, env_key, S)
-    return RunnerState(train, actor, jax.random.split(run_key, S), jnp.zeros((), jnp.int32))
+    keys = rng.unwrap(jax.random.split(run_key, S))
+    return RunnerState(train, actor, keys, jnp.zeros((), jnp.int32))
 
 
 def _episode_metrics(traj) -> dict:
@@ -79,12 +79,12 @@ def make_update_step(setup: Setup, env):
     update = jax.vmap(ppo.make_update(apply_fn, setup.ppo_opts))
 
     def step(runner: RunnerState, _=None):
-        keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
+        keys = jax.vmap(lambda k: jax.random.split(k, 3))(rng.wrap(runner.key))
         actor, traj, last_obs = rollout(runner.train.params, runner.actor, keys[:, 1])
         seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
         train, metrics = update(runner.train, seed_major, last_obs, keys[:, 2])
         metrics.update(_episode_metrics(traj))
-        return RunnerState(train, actor, keys[:, 0], runner.update + 1), metrics
+        return RunnerState(train, actor, rng.unwrap(keys[:, 0]), runner.update + 1), metrics
 
     return step
 

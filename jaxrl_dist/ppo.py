@@ -95,9 +95,14 @@ def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions):
 
 
 def make_optimizer(lr: float, max_grad_norm: float, adam_eps: float, anneal_steps: int = 0):
-    """Adam with global-norm clipping; linear LR decay to 0 over `anneal_steps` if > 0."""
+    """Adam with global-norm clipping; linear LR decay to 0 over `anneal_steps` if > 0.
+
+    The optimiser works on the parameters raveled into one vector: with many
+    small leaves, per-leaf optimiser kernels cost more than the math.
+    """
     schedule = optax.linear_schedule(lr, 0.0, anneal_steps) if anneal_steps else lr
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps))
+    return optax.flatten(optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                                     optax.adam(schedule, eps=adam_eps)))
 
 
 def next_values(apply_fn, params, traj: Transition, last_obs):

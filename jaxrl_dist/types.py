@@ -110,5 +110,5 @@ class RunnerState(NamedTuple):
 
     train: TrainState  # leading `[S]`
     actor: ActorState
-    key: jax.Array  # `[S]` keys
+    key: jax.Array  # `[S, ...]` raw key data (see `rng`)
     update: jax.Array  # scalar update counter
