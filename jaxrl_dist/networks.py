@@ -85,12 +85,24 @@ class ActorCritic(nn.Module):
         return PolicyOut(logits, log_std, value)
 
 
+# The Nature CNN's VALID convolutions need frames of at least 36x36.
+_MIN_FRAME = 36
+
+
+def is_frame_stack(obs_shape) -> bool:
+    """`[C, H, W]` stacked frames (envpool Atari layout) large enough for the CNN.
+
+    Small image-like observations (MinAtar's 10x10x4) go to the MLP instead.
+    """
+    return len(obs_shape) == 3 and min(obs_shape[1:]) >= _MIN_FRAME
+
+
 def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
                  activation: str = "tanh") -> ActorCritic:
     """Build the actor-critic for an env: CNN for image observations, else MLP."""
     torso = network
     if torso == "auto":
-        torso = "cnn" if len(spec.obs_shape) == 3 else "mlp"
+        torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"
     return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
                        max(1, len(spec.obs_shape)))
 
