@@ -1,7 +1,6 @@
 """Short learning checks through the fused trainer (whole training in one jit)."""
 from __future__ import annotations
 
-
 import jax
 import numpy as np
 import pytest
