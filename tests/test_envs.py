@@ -318,9 +318,15 @@ def test_envpool_pong_frames_match_numpy_api():
 
 
 def init_apply(spec, obs):
+    """Network for `spec`, its initial parameters and its output on `obs` (one compile)."""
     net = make_network(spec)
-    params = jax.jit(net.init)(jax.random.PRNGKey(0), obs[:1])
-    return net, params, jax.jit(net.apply)(params, obs)
+
+    @jax.jit
+    def run(key, obs):
+        params = net.init(key, obs[:1])
+        return params, net.apply(params, obs)
+
+    return (net,) + run(jax.random.PRNGKey(0), obs)
 
 
 def test_network_cnn_for_atari_frames():

@@ -498,10 +498,10 @@ def small_cfg(**algo):
     return Config(env=EnvConfig(num_envs=4), algo=AlgoConfig(**algo))
 
 
-def run_two_chunks(env_id):
+def run_two_chunks(env_id, suite="auto"):
     """Two calls of one 2-update chunk; records compiles during the second."""
     cfg = small_cfg()
-    env = make_env(env_id, cfg.env.num_envs)
+    env = make_env(env_id, cfg.env.num_envs, suite=suite)
     setup = fused.make_setup(cfg, env.spec)
     chunk = fused.make_train_chunk(setup, env, 2)
     runner = fused.init_runner(setup, env, 0)
@@ -540,6 +540,14 @@ def test_second_train_chunk_call_does_not_recompile(cartpole_chunks):
 def test_second_train_chunk_call_does_not_recompile_continuous():
     run = run_two_chunks("Pendulum-v1")
     # (shape, dtype, weak_type) of runner leaves before -> after one chunk
+    assert run["changed"] == {}
+    assert run["cache_sizes"] == [1, 1]
+    assert run["compiled"] == []
+
+
+def test_second_train_chunk_call_does_not_recompile_envpool():
+    pytest.importorskip("envpool")
+    run = run_two_chunks("CartPole-v1", suite="envpool")
     assert run["changed"] == {}
     assert run["cache_sizes"] == [1, 1]
     assert run["compiled"] == []
