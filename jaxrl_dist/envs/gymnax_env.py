@@ -45,7 +45,10 @@ class GymnaxEnv:
     def reset(self, key):
         keys = jax.random.split(key, self.num_envs)
         obs, state = jax.vmap(self.env.reset, (0, None))(keys, self.params)
-        return state, obs
+        # some resets return weakly typed leaves that `step` returns strongly
+        # typed; a state whose types change between calls would recompile
+        strong = lambda x: jnp.asarray(x, x.dtype)
+        return jax.tree.map(strong, state), strong(obs)
 
     def step(self, env_state, action, key):
         keys = jax.random.split(key, self.num_envs)
