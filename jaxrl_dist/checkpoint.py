@@ -35,8 +35,10 @@ MAX_TO_KEEP = 3
 def _manager(run_dir: Path):
     import orbax.checkpoint as ocp
 
+    # cleanup_tmp_directories: drop a write that a killed run left unfinished
     options = ocp.CheckpointManagerOptions(max_to_keep=MAX_TO_KEEP, create=True,
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=False,
+                                           cleanup_tmp_directories=True)
     return ocp.CheckpointManager(Path(run_dir).resolve() / CHECKPOINT_SUBDIR, options=options)
 
 

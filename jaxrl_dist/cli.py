@@ -26,7 +26,8 @@ overrides (Hydra syntax):
   env.kwargs.NAME=VALUE extra arguments to the env maker
   run.dir=DIR           run directory (default outputs/YYYY-MM-DD/HH-MM-SS)
   run.checkpoint_every=N  checkpoint every N updates (and at the end)
-  run.resume=DIR        continue the run in DIR from its latest checkpoint
+  run.resume=DIR        continue the run in DIR from its latest checkpoint, with the
+                        config saved there (only run.progress/compile_cache apply)
   run.progress=false run.tensorboard=false run.compile_cache=false
 
 examples:

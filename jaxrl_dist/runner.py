@@ -66,7 +66,7 @@ def enable_compile_cache(path: Optional[Path] = None) -> Path:
         # the cache binds its directory on first use; rebind if it was used before
         compilation_cache.reset_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECS)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor
     return path
 
 
