@@ -62,7 +62,7 @@ def _hydra_message(err: Exception) -> str:
     match = re.search(r"Could not override '([^']+)'", text)
     if match:
         cause = " ".join(str(err.__cause__ or "").split())
-        if "not in struct" in cause or "Key '" in cause and "not" in cause:
+        if "not in struct" in cause:  # OmegaConf's wording for a key the config lacks
             return f"unknown config key '{match.group(1)}'"
         return f"bad value for '{match.group(1)}': {cause or text}"
     match = re.search(r"Could not find '([^/']+)/([^']+)'", text)

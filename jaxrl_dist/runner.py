@@ -172,7 +172,11 @@ def _summary(cfg, setup, runner, records, times: dict, start: int) -> dict:
 
 
 def train(cfg: Config, run_dir=None) -> dict:
-    """Train `cfg` (or continue `cfg.run.resume`) and return the run summary."""
+    """Train `cfg` (or continue `cfg.run.resume`) and return the run summary.
+
+    The run directory is `run_dir`, else `cfg.run.dir`, else a dated one
+    under `outputs/`. Raises `ConfigError`/`EnvMakeError` before compiling.
+    """
     t_start = time.perf_counter()
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
