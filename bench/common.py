@@ -1,0 +1,153 @@
+"""Shared pieces of the benchmarks: machine description, timing, tables, JSON.
+
+`measure` is the one place that compiles, warms up and times anything.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(*args) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _library_hash() -> str:
+    """Hash of the library sources as they are on disk now (they may differ from HEAD)."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "jaxrl_dist").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def machine_info() -> dict:
+    """Device, host, versions and source revision of this measurement."""
+    devices = jax.devices()
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "library_dirty": bool(_git("status", "--porcelain", "--", "jaxrl_dist")),
+        "library_hash": _library_hash(),
+        "platform": jax.default_backend(),
+        "devices": [str(d) for d in devices],
+        "device_kind": devices[0].device_kind,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in
+                     ("jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "numpy")},
+    }
+
+
+def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float = 0.0,
+            fresh: bool = False):
+    """Compile, warm up and time `fn(state) -> (state, aux)`; returns `(stats, auxes)`.
+
+    A jitted `fn` is compiled ahead of time (`lower(...).compile()`, timed apart);
+    a plain Python callable has no compile step. One untimed warm-up call follows.
+    With `fresh=True` every timed run is one call on a new `make_state(i)` (built
+    outside the clock: donated inputs, independent seeds). Otherwise each run
+    chains calls on the returned state, repeated until a run lasts `min_run_s`.
+    `auxes` holds the last `aux` of every timed run.
+    """
+    state = make_state(0)
+    compile_s = None
+    if hasattr(fn, "lower"):
+        start = time.perf_counter()
+        fn = fn.lower(state).compile()
+        compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    state, aux = jax.block_until_ready(fn(state))
+    warmup_s = time.perf_counter() - start
+    reps = 1 if fresh else max(1, math.ceil(min_run_s / max(warmup_s, 1e-6)))
+    times, auxes = [], []
+    for i in range(runs):
+        if fresh:
+            state = make_state(i + 1)
+        start = time.perf_counter()
+        for _ in range(reps):
+            state, aux = fn(state)
+        jax.block_until_ready((state, aux))
+        times.append(time.perf_counter() - start)
+        auxes.append(aux)
+    median = statistics.median(times)
+    stats = {"compile_s": compile_s, "warmup_s": warmup_s, "calls_per_run": reps,
+             "steps_per_run": steps_per_call * reps, "times_s": times, "median_s": median,
+             "steps_per_s": steps_per_call * reps / median}
+    return stats, auxes
+
+
+def write_json(path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=float) + "\n")
+
+
+def markdown_table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_table(title: str, headers, rows) -> None:
+    """A rich table when rich is importable, plain aligned text otherwise."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+        print(f"\n{title}")
+        for row in [headers, *rows]:
+            print("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
+        return
+    table = Table(title=title)
+    for h in headers:
+        table.add_column(h, justify="right")
+    for row in rows:
+        table.add_row(*(str(c) for c in row))
+    Console().print(table)
+
+
+def fmt(x, digits: int = 3) -> str:
+    """Compact number: 3 significant digits, thousands separators for big ones."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"

@@ -1,0 +1,359 @@
+"""Throughput of the fused single-process path, in env steps per second.
+
+For each env it measures (a) raw env stepping with random actions in one
+jitted `lax.scan`, (b) rollouts only (policy + env, `make_rollout`) and (c)
+full PPO training (`make_train_chunk`, the whole training in one call); for
+envpool also envpool's own numpy API (`pool.step` in a Python loop). Then
+seed scaling of CartPole training with `num_seeds`. Compile time is reported
+apart from run time; run times are medians of several runs after a warm-up.
+
+    python bench/fused.py [--quick] [--out bench/out/fused.json] [--markdown FILE]
+    python bench/fused.py --render bench/results/fused.json   # markdown from a JSON
+
+Runs unchanged on CPU, GPU or TPU (envpool steps on the host either way).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import fmt, machine_info, markdown_table, measure, print_table, write_json  # noqa: E402
+
+from jaxrl_dist import fused  # noqa: E402
+from jaxrl_dist.config import AlgoConfig, Config, EnvConfig  # noqa: E402
+from jaxrl_dist.envs import make_env  # noqa: E402
+from jaxrl_dist.rollout import make_rollout  # noqa: E402
+
+try:  # the trainers' key implementation, so the timed code draws randomness the same way
+    from jaxrl_dist.rng import key as make_key  # noqa: E402
+except ImportError:
+    make_key = jax.random.key
+
+
+class Case(NamedTuple):
+    """One env configuration; `train_steps` is total_timesteps per seed."""
+
+    env_id: str
+    suite: str
+    num_envs: int  # per seed
+    train_steps: int
+    call_steps: int  # env steps per call of the raw and rollout benchmarks
+    num_seeds: int = 1
+    modes: tuple = ("numpy", "raw", "rollout", "train")
+
+
+def cases(quick: bool) -> tuple[list[Case], list[Case]]:
+    """(throughput cases, seed-scaling cases) at full or quick size."""
+    if quick:
+        envs = [Case("CartPole-v1", "gymnax", 4, 8_192, 16_384),
+                Case("CartPole-v1", "gymnax", 1024, 262_144, 262_144),
+                Case("Pong-v5", "envpool", 8, 1_024, 1_024, modes=("numpy", "raw", "rollout")),
+                Case("Hopper-v3", "envpool", 8, 4_096, 2_048)]
+        return envs, [Case("CartPole-v1", "gymnax", 4, 8_192, 0, s, ("train",)) for s in (1, 4)]
+    envs = [Case("CartPole-v1", "gymnax", 4, 500_000, 262_144),
+            Case("CartPole-v1", "gymnax", 64, 4_000_000, 2_097_152),
+            Case("CartPole-v1", "gymnax", 1024, 16_000_000, 8_388_608),
+            Case("Pong-v5", "envpool", 8, 4_096, 4_096),
+            Case("Hopper-v3", "envpool", 8, 102_400, 32_768)]
+    seeds = [Case("CartPole-v1", "gymnax", 4, 500_000, 0, s, ("train",)) for s in (1, 16, 64)]
+    return envs, seeds
+
+
+def make_config(case: Case, num_threads: int) -> Config:
+    env = EnvConfig(id=case.env_id, suite=case.suite, num_envs=case.num_envs,
+                    num_threads=num_threads)
+    algo = AlgoConfig(total_timesteps=case.train_steps, num_steps=128, update_epochs=4,
+                      num_minibatches=4, hidden_sizes=(64, 64), activation="tanh")
+    return Config(env=env, algo=algo, num_seeds=case.num_seeds)
+
+
+# --- the functions being timed: each maps state -> (state, aux) -------------------------
+
+
+def _checksum(tree) -> jax.Array:
+    """Sum of every leaf, so no output of the timed work can be dead-code eliminated."""
+    return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree))
+
+
+def _random_action(spec, num_envs: int, key):
+    if spec.discrete:
+        return jax.random.randint(key, (num_envs,), 0, spec.num_actions)
+    return jax.random.uniform(key, (num_envs, spec.num_actions), minval=spec.action_low,
+                              maxval=spec.action_high)
+
+
+def raw_env_fn(env, length: int):
+    """Jitted `run((env_state, key, acc))`: `length` random-action steps in one scan."""
+
+    def env_step(carry, _):
+        env_state, key, acc = carry
+        key, act_key, step_key = jax.random.split(key, 3)
+        action = _random_action(env.spec, env.num_envs, act_key)
+        env_state, out = env.step(env_state, action, step_key)
+        return (env_state, key, acc + _checksum((out.obs, out.reward, out.terminated))), None
+
+    def run(state):
+        state, _ = jax.lax.scan(env_step, state, None, length=length)
+        return state, state[2]
+
+    return jax.jit(run)
+
+
+def raw_env_state(env, seed: int):
+    env_state, _ = env.reset(make_key(seed))
+    return env_state, make_key(seed + 1), jnp.zeros((), jnp.float32)
+
+
+def rollout_fn(setup, env, rollouts: int):
+    """Jitted `run((params, actor, key, acc))`: `rollouts` calls of `make_rollout`'s function."""
+    rollout = make_rollout(env, setup.network.apply, setup.rollout_opts)
+    num_seeds = setup.cfg.num_seeds
+
+    def one_rollout(carry, _):
+        params, actor, key, acc = carry
+        key, sub = jax.random.split(key)
+        actor, traj, last_obs = rollout(params, actor, jax.random.split(sub, num_seeds))
+        return (params, actor, key, acc + _checksum((traj, last_obs))), None
+
+    def run(state):
+        state, _ = jax.lax.scan(one_rollout, state, None, length=rollouts)
+        return state, state[3]
+
+    return jax.jit(run)
+
+
+def rollout_state(setup, env, seed: int):
+    runner = fused.init_runner(setup, env, seed)
+    return runner.train.params, runner.actor, make_key(seed + 1), jnp.zeros((), jnp.float32)
+
+
+def numpy_fn(pool, spec, length: int, seed: int = 0):
+    """envpool's own API: `length` `pool.step` calls with pre-drawn random actions."""
+    rng = np.random.default_rng(seed)
+    n = pool.config["num_envs"]
+    if spec.discrete:
+        actions = rng.integers(0, spec.num_actions, (length, n), dtype=np.int32)
+    else:
+        actions = rng.uniform(spec.action_low, spec.action_high, (length, n, spec.num_actions))
+
+    def run(state):
+        for action in actions:
+            obs, reward, *_ = pool.step(action)
+        return state, float(reward.sum())
+
+    return run
+
+
+# --- running the cases -------------------------------------------------------------------
+
+
+def final_return(metrics: dict, fraction: float = 0.1) -> float:
+    """Mean return of the episodes completed in the last `fraction` of updates."""
+    ret, count = np.asarray(metrics["episode_return_sum"]), np.asarray(metrics["episodes"])
+    tail = max(1, math.ceil(ret.shape[0] * fraction))
+    total = count[-tail:].sum()
+    return float(ret[-tail:].sum() / total) if total else float("nan")
+
+
+def bench_numpy(case: Case, env, opts):
+    from jaxrl_dist.envs.envpool_env import make_pool
+
+    pool = make_pool(case.env_id, env.num_envs, 0, opts.num_threads)
+    length = max(1, case.call_steps // env.num_envs)
+
+    def reset(_seed):
+        pool.reset()
+
+    stats, _ = measure(numpy_fn(pool, env.spec, length), reset, length * env.num_envs,
+                       opts.runs, opts.min_run_s)
+    pool.close()
+    return stats
+
+
+def bench_raw(case: Case, env, opts):
+    length = max(1, case.call_steps // env.num_envs)
+    return measure(raw_env_fn(env, length), lambda i: raw_env_state(env, i),
+                   length * env.num_envs, opts.runs, opts.min_run_s)[0]
+
+
+def bench_rollout(case: Case, env, setup, opts):
+    per_rollout = setup.cfg.algo.num_steps * env.num_envs
+    rollouts = max(1, case.call_steps // per_rollout)
+    return measure(rollout_fn(setup, env, rollouts), lambda i: rollout_state(setup, env, i),
+                   rollouts * per_rollout, opts.runs, opts.min_run_s)[0]
+
+
+def bench_train(case: Case, env, setup, opts):
+    updates = setup.derived.num_updates
+    chunk = fused.make_train_chunk(setup, env, updates)
+    steps = updates * setup.derived.batch_size * case.num_seeds
+    stats, metrics = measure(chunk, lambda i: fused.init_runner(setup, env, i), steps,
+                             opts.runs, fresh=True)
+    returns = [final_return(m) for m in metrics]
+    stats.update(final_returns=returns, final_return=float(np.nanmean(returns)),
+                 num_updates=updates)
+    return stats
+
+
+def run_case(case: Case, opts) -> list[dict]:
+    """Every mode of one case; one result row each."""
+    cfg = make_config(case, opts.num_threads)
+    env = make_env(case.env_id, case.num_envs * case.num_seeds, case.suite, 0, opts.num_threads)
+    setup = fused.make_setup(cfg, env.spec)
+    bench = {"numpy": lambda: bench_numpy(case, env, opts), "raw": lambda: bench_raw(case, env, opts),
+             "rollout": lambda: bench_rollout(case, env, setup, opts),
+             "train": lambda: bench_train(case, env, setup, opts)}
+    base = {k: v for k, v in case._asdict().items() if k != "modes"}
+    rows = []
+    for mode in case.modes:
+        if mode == "numpy" and case.suite != "envpool":
+            continue
+        print(f"[bench] {case.env_id} envs={case.num_envs} seeds={case.num_seeds} {mode}",
+              flush=True)
+        rows.append({**base, "mode": mode, **bench[mode]()})
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """`vs_numpy`: each envpool row's throughput over envpool's own numpy-API throughput."""
+    base = {(r["env_id"], r["num_envs"]): r["steps_per_s"] for r in rows if r["mode"] == "numpy"}
+    for r in rows:
+        ref = base.get((r["env_id"], r["num_envs"]))
+        r["vs_numpy"] = r["steps_per_s"] / ref if ref else None
+
+
+def summarize(rows: list[dict], seed_rows: list[dict]) -> dict:
+    def pick(env_id, mode, num_envs=None, key="steps_per_s"):
+        found = [r[key] for r in rows if r["env_id"] == env_id and r["mode"] == mode
+                 and num_envs in (None, r["num_envs"])]
+        return found[0] if found else None
+
+    most_seeds = max(seed_rows, key=lambda r: r["num_seeds"]) if seed_rows else None
+    return {
+        "pong_rollout_vs_numpy": pick("Pong-v5", "rollout", key="vs_numpy"),
+        "pong_rollout_vs_numpy_target": 0.85,
+        "cartpole_4env_final_return": pick("CartPole-v1", "train", 4, key="final_return"),
+        "max_seeds": most_seeds and most_seeds["num_seeds"],
+        "max_seeds_wall_s": most_seeds and most_seeds["median_s"],
+        "max_seeds_wall_s_target": 100.0 if most_seeds and most_seeds["num_seeds"] == 64 else None,
+    }
+
+
+# --- tables ------------------------------------------------------------------------------
+
+THROUGHPUT_HEADERS = ["env", "envs", "mode", "steps/run", "compile s", "median s", "steps/s",
+                      "vs envpool numpy", "final return"]
+SEED_HEADERS = ["seeds", "envs (total)", "steps/run", "compile s", "wall s (median)",
+                "steps/s (all seeds)", "steps/s per seed", "final return"]
+
+
+def throughput_rows(rows: list[dict]) -> list[list[str]]:
+    return [[r["env_id"], r["num_envs"], r["mode"], fmt(r["steps_per_run"]), fmt(r["compile_s"]),
+             fmt(r["median_s"]), fmt(r["steps_per_s"]), fmt(r.get("vs_numpy")),
+             fmt(r.get("final_return"))] for r in rows]
+
+
+def seed_rows_table(rows: list[dict]) -> list[list[str]]:
+    return [[r["num_seeds"], r["num_envs"] * r["num_seeds"], fmt(r["steps_per_run"]),
+             fmt(r["compile_s"]), fmt(r["median_s"]), fmt(r["steps_per_s"]),
+             fmt(r["steps_per_s"] / r["num_seeds"]), fmt(r["final_return"])] for r in rows]
+
+
+def meta_lines(meta: dict) -> list[str]:
+    v = meta["versions"]
+    dirty = " (library modified from HEAD)" if meta["library_dirty"] else ""
+    return [f"commit {meta['commit']}{dirty}, library hash {meta['library_hash']}, {meta['date']}",
+            f"{meta['platform']}: {', '.join(meta['devices'])} ({meta['device_kind']}); "
+            f"host CPU {meta['cpu_model']}, {meta['cpu_count']} cores",
+            f"jax {v['jax']}, jaxlib {v['jaxlib']}, flax {v['flax']}, optax {v['optax']}, "
+            f"gymnax {v['gymnax']}, envpool {v['envpool']}, numpy {v['numpy']}"]
+
+
+def summary_lines(s: dict) -> list[str]:
+    return [f"Pong rollout / envpool numpy: {fmt(s['pong_rollout_vs_numpy'])} "
+            f"(target >= {s['pong_rollout_vs_numpy_target']})",
+            f"CartPole 4-env final return (last 10% of updates): "
+            f"{fmt(s['cartpole_4env_final_return'])}",
+            f"{s['max_seeds']} seeds wall time per run: {fmt(s['max_seeds_wall_s'])} s"
+            + (f" (target <= {s['max_seeds_wall_s_target']:g} s)"
+               if s["max_seeds_wall_s_target"] else "")]
+
+
+def render_markdown(data: dict) -> str:
+    """The whole result as markdown (for RESULTS.md)."""
+    parts = ["\n".join(f"- {line}" for line in meta_lines(data["meta"])),
+             "### Throughput (env steps/s)",
+             markdown_table(THROUGHPUT_HEADERS, throughput_rows(data["results"])),
+             "### Seed scaling (CartPole-v1, 4 envs x 128 steps per seed)",
+             markdown_table(SEED_HEADERS, seed_rows_table(data["seed_scaling"])),
+             "### Summary", "\n".join(f"- {line}" for line in summary_lines(data["summary"]))]
+    return "\n\n".join(parts) + "\n"
+
+
+def print_console(data: dict) -> None:
+    print("\n".join(meta_lines(data["meta"])))
+    print_table("Throughput (env steps/s)", THROUGHPUT_HEADERS, throughput_rows(data["results"]))
+    print_table("Seed scaling (CartPole-v1)", SEED_HEADERS, seed_rows_table(data["seed_scaling"]))
+    print("\n".join(summary_lines(data["summary"])))
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script works")
+    p.add_argument("--out", default="bench/out/fused.json", help="JSON output path")
+    p.add_argument("--markdown", help="also write the tables as markdown to this path")
+    p.add_argument("--render", metavar="JSON", help="print markdown of an existing JSON and exit")
+    p.add_argument("--runs", type=int, default=None, help="timed runs per measurement (>= 3)")
+    p.add_argument("--min-run-s", type=float, default=None,
+                   help="raw/rollout/numpy runs repeat calls until a run lasts this long")
+    p.add_argument("--num-threads", type=int, default=0, help="envpool threads (0: envpool's choice)")
+    p.add_argument("--only", default="", help="comma list of env ids to run, plus 'seeds'")
+    args = p.parse_args(argv)
+    args.runs = args.runs or 3
+    args.min_run_s = args.min_run_s if args.min_run_s is not None else (0.3 if args.quick else 2.0)
+    return args
+
+
+def selected(case_list: list[Case], only: str, tag: str | None = None) -> list[Case]:
+    if not only:
+        return case_list
+    names = set(only.split(","))
+    return [c for c in case_list if c.env_id in names or tag in names]
+
+
+def main(argv=None) -> dict:
+    opts = parse_args(argv)
+    if opts.render:
+        print(render_markdown(json.loads(Path(opts.render).read_text())))
+        return {}
+    env_cases, seed_cases = cases(opts.quick)
+    meta = {**machine_info(), "quick": opts.quick, "runs": opts.runs,
+            "min_run_s": opts.min_run_s, "num_threads": opts.num_threads}
+    rows = [r for c in selected(env_cases, opts.only) for r in run_case(c, opts)]
+    seed_rows = [r for c in selected(seed_cases, opts.only, "seeds") for r in run_case(c, opts)]
+    add_ratios(rows)
+    data = {"meta": meta, "results": rows, "seed_scaling": seed_rows,
+            "summary": summarize(rows, seed_rows)}
+    write_json(opts.out, data)
+    print_console(data)
+    if opts.markdown:
+        Path(opts.markdown).write_text(render_markdown(data))
+    print(f"wrote {opts.out}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
