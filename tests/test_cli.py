@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_dist import cli
-from jaxrl_dist.config import from_dict
+from jaxrl_dist.config import Config, from_dict
 
 SUMMARY_KEYS = {
     "env_id", "final_return", "returns_per_seed", "env_steps", "wall_seconds",
@@ -85,6 +85,11 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], lines
     assert not run_dir.exists()  # failed before making the run (nothing compiled)
     assert time.perf_counter() - start < 60
+
+
+def test_yaml_defaults_match_the_dataclass_defaults():
+    """configs/ mirrors jaxrl_dist.config; a changed default must change both."""
+    assert from_dict(cli.compose([])) == Config()
 
 
 @pytest.mark.parametrize("preset", cli.presets())
