@@ -1,6 +1,9 @@
 """gymnax environments: pure JAX, vmapped over the flat env batch, auto-reset."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,10 +11,36 @@ import numpy as np
 from jaxrl_dist.types import EnvSpec, StepOut
 
 
-def gymnax_ids() -> list:
+# gymnax imports its rendering libraries (seaborn pulls in scipy) at module
+# level, about a second of start-up that training never uses: they load on
+# first attribute access instead.
+_RENDER_MODULES = ("seaborn", "matplotlib.pyplot")
+
+
+def _defer_import(name: str) -> None:
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+def import_gymnax():
+    """`import gymnax`, with its rendering dependencies loaded lazily."""
+    if "gymnax" not in sys.modules:
+        for name in _RENDER_MODULES:
+            _defer_import(name)
     import gymnax
 
-    return list(gymnax.registered_envs)
+    return gymnax
+
+
+def gymnax_ids() -> list:
+    return list(import_gymnax().registered_envs)
 
 
 def _space_spec(env_id: str, env, params) -> EnvSpec:
@@ -33,9 +62,7 @@ class GymnaxEnv:
     """`num_envs` copies of one gymnax env, stepped with `vmap`."""
 
     def __init__(self, env_id: str, num_envs: int, kwargs: dict | None = None):
-        import gymnax
-
-        self.env, self.params = gymnax.make(env_id, **(kwargs or {}))
+        self.env, self.params = import_gymnax().make(env_id, **(kwargs or {}))
         self.num_envs = num_envs
         self.spec = _space_spec(env_id, self.env, self.params)
         # gymnax continuous envs with a scalar action space take a scalar
