@@ -68,6 +68,7 @@ def machine_info() -> dict:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
+        "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
         "versions": {name: _version(name) for name in
                      ("jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "numpy")},
     }
@@ -134,12 +135,15 @@ def print_table(title: str, headers, rows) -> None:
         for row in [headers, *rows]:
             print("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
         return
+    console = Console()
+    if not console.is_terminal:  # rich assumes 80 columns when piped; keep rows whole
+        console = Console(width=160)
     table = Table(title=title)
     for h in headers:
         table.add_column(h, justify="right")
     for row in rows:
         table.add_row(*(str(c) for c in row))
-    Console().print(table)
+    console.print(table)
 
 
 def fmt(x, digits: int = 3) -> str:
