@@ -29,6 +29,7 @@ class PPOOptions(NamedTuple):
     norm_adv: bool = True
     discrete: bool = True
     masked: bool = False  # some transitions are invalid (envpool reset steps)
+    unroll: bool = False  # unroll the minibatch loop (see `fused.needs_loop_free`)
 
 
 class Batch(NamedTuple):
@@ -146,7 +147,7 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
             (_, metrics), grads = grad_fn(state.params, apply_fn, mb, opts)
             return state.apply_gradients(grads), metrics
 
-        state, metrics = jax.lax.scan(minibatch_step, state, idx)
+        state, metrics = jax.lax.scan(minibatch_step, state, idx, unroll=True if opts.unroll else 1)
         return state, jax.tree.map(jnp.mean, metrics)
 
     return update

@@ -191,7 +191,8 @@ def train(cfg: Config, run_dir=None) -> dict:
     runner = _start_runner(setup, env, ckpt, cfg, resuming)
     start = int(runner.update)
     history = truncate_records(run_dir / METRICS_FILE, start)
-    K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every)
+    K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
+                         setup.loop_free)
 
     t0 = time.perf_counter()
     compiled = None  # a finished run that is resumed again has nothing to compile
