@@ -121,8 +121,10 @@ def sample_action(out: PolicyOut, key: jax.Array, discrete: bool) -> jax.Array:
 
 def log_prob(out: PolicyOut, action: jax.Array, discrete: bool) -> jax.Array:
     if discrete:
+        # a one-hot product, not a gather: its gradient is a multiply, not a
+        # scatter, which matters for small action sets on CPU
         logp = jax.nn.log_softmax(out.logits)
-        return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return jnp.sum(logp * jax.nn.one_hot(action, logp.shape[-1], dtype=logp.dtype), axis=-1)
     z = (action - out.logits) * jnp.exp(-out.log_std)
     return jnp.sum(-0.5 * z * z - out.log_std - 0.5 * _LOG_2PI, axis=-1)
 

@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from jaxrl_dist import networks
 from jaxrl_dist.types import TrainState, Transition
@@ -131,8 +132,12 @@ def make_batch(apply_fn, params, traj: Transition, last_obs, opts: PPOOptions) -
 
 
 def make_update(apply_fn: Callable, opts: PPOOptions):
-    """Build `update(train_state, traj[T,B], last_obs[B], key) -> (train_state, metrics)`."""
-    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+    """Build `update(train_state, traj[T,B], last_obs[B], key) -> (train_state, metrics)`.
+
+    The minibatch loop carries the parameters raveled into one vector (the
+    optimiser is `optax.flatten`-ed to match), so each step updates one array
+    instead of one per layer.
+    """
 
     def update(state: TrainState, traj: Transition, last_obs, key):
         batch = make_batch(apply_fn, state.params, traj, last_obs, opts)
@@ -141,13 +146,21 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         perms = jax.vmap(lambda k: jax.random.permutation(k, n))(
             jax.random.split(key, opts.update_epochs))
         idx = perms.reshape(opts.update_epochs * m, n // m)
+        flat, unravel = ravel_pytree(state.params)
+        grad_fn = jax.value_and_grad(lambda f, mb: ppo_loss(unravel(f), apply_fn, mb, opts),
+                                     has_aux=True)
 
-        def minibatch_step(state, mb_idx):
+        def minibatch_step(carry, mb_idx):
+            flat, opt_state = carry
             mb = jax.tree.map(lambda x: x[mb_idx], batch)
-            (_, metrics), grads = grad_fn(state.params, apply_fn, mb, opts)
-            return state.apply_gradients(grads), metrics
+            (_, metrics), grads = grad_fn(flat, mb)
+            updates, opt_state = state.tx.update(grads, opt_state, flat)
+            return (flat + updates, opt_state), metrics
 
-        state, metrics = jax.lax.scan(minibatch_step, state, idx, unroll=True if opts.unroll else 1)
+        (flat, opt_state), metrics = jax.lax.scan(
+            minibatch_step, (flat, state.opt_state), idx, unroll=True if opts.unroll else 1)
+        state = state.replace(params=unravel(flat), opt_state=opt_state,
+                              step=state.step + idx.shape[0])
         return state, jax.tree.map(jnp.mean, metrics)
 
     return update

@@ -82,18 +82,16 @@ class Transition(NamedTuple):
 
 
 class TrainState(struct.PyTreeNode):
-    """Learner state of one seed: parameters, optimiser state, update count."""
+    """Learner state of one seed: parameters, optimiser state, gradient-step count.
+
+    `tx` works on the parameters raveled into one vector (see `ppo.make_update`).
+    """
 
     params: Any
     opt_state: optax.OptState
     step: jax.Array
     apply_fn: Any = struct.field(pytree_node=False)
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
-
-    def apply_gradients(self, grads) -> "TrainState":
-        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
-        params = optax.apply_updates(self.params, updates)
-        return self.replace(params=params, opt_state=opt_state, step=self.step + 1)
 
 
 class ActorState(NamedTuple):
