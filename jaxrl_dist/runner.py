@@ -129,21 +129,38 @@ def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
 
 
 def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
-    """Call the compiled chunk until the last update; returns `(runner, records)`."""
+    """Call the compiled chunk until the last update; returns `(runner, records)`.
+
+    Chunks are pipelined: chunk `c + 1` is dispatched before chunk `c`'s
+    metrics are fetched and logged, so host-side logging overlaps device work.
+    A checkpoint waits for its chunk (the next call donates the state).
+    """
     cfg, derived = setup.cfg, setup.derived
     steps_per_chunk = K * derived.batch_size * cfg.num_seeds
     every = cfg.run.checkpoint_every
-    records = []
-    for c in range(start // K, derived.num_updates // K):
-        t0 = time.perf_counter()
-        runner, metrics = compiled(runner)
-        metrics = jax.device_get(metrics)  # blocks: the chunk is done
-        sps = steps_per_chunk / (time.perf_counter() - t0)
-        chunk = chunk_records(metrics, c * K + 1, derived.batch_size, sps)
+    records, pending, t_ready = [], None, time.perf_counter()
+
+    def drain(item):
+        nonlocal t_ready
+        c, metrics = item
+        metrics = jax.device_get(metrics)  # blocks until chunk c is done
+        now = time.perf_counter()
+        chunk = chunk_records(metrics, c * K + 1, derived.batch_size, steps_per_chunk / (now - t_ready))
+        t_ready = now
         logger.log(chunk)
-        records += chunk
+        records.extend(chunk)
+
+    for c in range(start // K, derived.num_updates // K):
+        runner, metrics = compiled(runner)
+        if pending is not None:
+            drain(pending)
+        pending = (c, metrics)
         if every and ((c + 1) * K) % every == 0:
+            drain(pending)
+            pending = None
             ckpt.save(runner)
+    if pending is not None:
+        drain(pending)
     ckpt.save(runner)  # the end of the run (no-op if just saved)
     return runner, records
 

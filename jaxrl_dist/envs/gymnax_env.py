@@ -1,8 +1,9 @@
 """gymnax environments: pure JAX, vmapped over the flat env batch, auto-reset."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -17,16 +18,22 @@ from jaxrl_dist.types import EnvSpec, StepOut
 _RENDER_MODULES = ("seaborn", "matplotlib.pyplot")
 
 
+class _Deferred(types.ModuleType):
+    """Stands in for a module until one of its attributes is used.
+
+    (`importlib.util.LazyLoader` does not help here: the next `import` of the
+    name reads `__spec__`, which loads the module.)
+    """
+
+    def __getattr__(self, attr):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
 def _defer_import(name: str) -> None:
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        return
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    if name not in sys.modules:
+        sys.modules[name] = _Deferred(name)
 
 
 def import_gymnax():
