@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import time
@@ -74,6 +75,29 @@ def machine_info() -> dict:
     }
 
 
+class _CpuSample:
+    """Host-wide busy CPU time (/proc/stat) and this process's own CPU time, now."""
+
+    def __init__(self):
+        self.wall = time.perf_counter()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.own = usage.ru_utime + usage.ru_stime
+        try:
+            ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+            self.busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            self.busy = None
+
+
+def other_cpu(start: _CpuSample, end: _CpuSample) -> float | None:
+    """Share of all cores that other processes kept busy between two samples: a timing
+    taken while something else ran is visible as a non-zero value."""
+    if start.busy is None or end.busy is None:
+        return None
+    others = (end.busy - start.busy) - (end.own - start.own)
+    return max(0.0, others) / ((end.wall - start.wall) * (os.cpu_count() or 1))
+
+
 def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float = 0.0,
             fresh: bool = False):
     """Compile, warm up and time `fn(state) -> (state, aux)`; returns `(stats, auxes)`.
@@ -83,7 +107,8 @@ def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float
     With `fresh=True` every timed run is one call on a new `make_state(i)` (built
     outside the clock: donated inputs, independent seeds). Otherwise each run
     chains calls on the returned state, repeated until a run lasts `min_run_s`.
-    `auxes` holds the last `aux` of every timed run.
+    `auxes` holds the last `aux` of every timed run. `other_cpu` in the stats is
+    the share of the cores other processes used meanwhile (see `other_cpu`).
     """
     state = make_state(0)
     compile_s = None
@@ -95,7 +120,7 @@ def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float
     state, aux = jax.block_until_ready(fn(state))
     warmup_s = time.perf_counter() - start
     reps = 1 if fresh else max(1, math.ceil(min_run_s / max(warmup_s, 1e-6)))
-    times, auxes = [], []
+    times, auxes, sample = [], [], _CpuSample()
     for i in range(runs):
         if fresh:
             state = make_state(i + 1)
@@ -106,7 +131,7 @@ def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float
         times.append(time.perf_counter() - start)
         auxes.append(aux)
     median = statistics.median(times)
-    stats = {"compile_s": compile_s, "warmup_s": warmup_s, "calls_per_run": reps,
+    stats = {"other_cpu": other_cpu(sample, _CpuSample()),"compile_s": compile_s, "warmup_s": warmup_s, "calls_per_run": reps,
              "steps_per_run": steps_per_call * reps, "times_s": times, "median_s": median,
              "steps_per_s": steps_per_call * reps / median}
     return stats, auxes

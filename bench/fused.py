@@ -7,7 +7,7 @@ envpool also envpool's own numpy API (`pool.step` in a Python loop). Then
 seed scaling of CartPole training with `num_seeds`. Compile time is reported
 apart from run time; run times are medians of several runs after a warm-up.
 
-    python bench/fused.py [--quick] [--out bench/out/fused.json] [--markdown FILE]
+    python bench/fused.py [--quick] [--out bench/out/fused.json] [--markdown FILE] [--resume]
     python bench/fused.py --render bench/results/fused.json   # markdown from a JSON
 
 Runs unchanged on CPU, GPU or TPU (envpool steps on the host either way).
@@ -201,13 +201,18 @@ def bench_train(case: Case, env, setup, opts):
     stats, metrics = measure(chunk, lambda i: fused.init_runner(setup, env, i), steps,
                              opts.runs, fresh=True)
     returns = [final_return(m) for m in metrics]
-    stats.update(final_returns=returns, final_return=float(np.nanmean(returns)),
-                 num_updates=updates)
+    finite = [r for r in returns if not math.isnan(r)]
+    stats.update(final_returns=returns, num_updates=updates,
+                 final_return=float(np.mean(finite)) if finite else float("nan"))
     return stats
 
 
-def run_case(case: Case, opts) -> list[dict]:
-    """Every mode of one case; one result row each."""
+def row_key(row: dict) -> tuple:
+    return row["env_id"], row["num_envs"], row["num_seeds"], row["mode"]
+
+
+def run_case(case: Case, opts, done: set) -> list[dict]:
+    """Every mode of one case not in `done`; one result row each."""
     cfg = make_config(case, opts.num_threads)
     env = make_env(case.env_id, case.num_envs * case.num_seeds, case.suite, 0, opts.num_threads)
     setup = fused.make_setup(cfg, env.spec)
@@ -217,11 +222,11 @@ def run_case(case: Case, opts) -> list[dict]:
     base = {k: v for k, v in case._asdict().items() if k != "modes"}
     rows = []
     for mode in case.modes:
-        if mode == "numpy" and case.suite != "envpool":
+        if (mode == "numpy" and case.suite != "envpool") or row_key({**base, "mode": mode}) in done:
             continue
         print(f"[bench] {case.env_id} envs={case.num_envs} seeds={case.num_seeds} {mode}",
               flush=True)
-        rows.append({**base, "mode": mode, **bench[mode]()})
+        rows.append({**base, "mode": mode, **opts.revision, **bench[mode]()})
     return rows
 
 
@@ -253,21 +258,39 @@ def summarize(rows: list[dict], seed_rows: list[dict]) -> dict:
 # --- tables ------------------------------------------------------------------------------
 
 THROUGHPUT_HEADERS = ["env", "envs", "mode", "steps/run", "compile s", "median s", "steps/s",
-                      "vs envpool numpy", "final return"]
+                      "vs envpool numpy", "final return", "others' CPU"]
 SEED_HEADERS = ["seeds", "envs (total)", "steps/run", "compile s", "wall s (median)",
-                "steps/s (all seeds)", "steps/s per seed", "final return"]
+                "steps/s (all seeds)", "steps/s per seed", "final return", "others' CPU"]
+
+
+OTHER_CPU_NOTE = ("others' CPU: share of all cores used by other processes during the timed "
+                  "runs; a large value means the figure is depressed by contention")
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def throughput_rows(rows: list[dict]) -> list[list[str]]:
     return [[r["env_id"], r["num_envs"], r["mode"], fmt(r["steps_per_run"]), fmt(r["compile_s"]),
              fmt(r["median_s"]), fmt(r["steps_per_s"]), fmt(r.get("vs_numpy")),
-             fmt(r.get("final_return"))] for r in rows]
+             fmt(r.get("final_return")), pct(r.get("other_cpu"))] for r in rows]
 
 
 def seed_rows_table(rows: list[dict]) -> list[list[str]]:
     return [[r["num_seeds"], r["num_envs"] * r["num_seeds"], fmt(r["steps_per_run"]),
              fmt(r["compile_s"]), fmt(r["median_s"]), fmt(r["steps_per_s"]),
-             fmt(r["steps_per_s"] / r["num_seeds"]), fmt(r["final_return"])] for r in rows]
+             fmt(r["steps_per_s"] / r["num_seeds"]), fmt(r["final_return"]),
+             pct(r.get("other_cpu"))] for r in rows]
+
+
+def revision_line(data: dict) -> str:
+    """Which source revisions the rows were measured at (several after --resume)."""
+    revs = sorted({(r.get("commit"), r.get("library_hash"), r.get("library_dirty"))
+                   for r in data["results"] + data["seed_scaling"]}, key=str)
+    text = ", ".join(f"{c} (library hash {h}{', modified from HEAD' if d else ''})"
+                     for c, h, d in revs)
+    return f"rows measured at {text}"
 
 
 def meta_lines(meta: dict) -> list[str]:
@@ -292,7 +315,8 @@ def summary_lines(s: dict) -> list[str]:
 
 def render_markdown(data: dict) -> str:
     """The whole result as markdown (for RESULTS.md)."""
-    parts = ["\n".join(f"- {line}" for line in meta_lines(data["meta"])),
+    lines = meta_lines(data["meta"]) + [revision_line(data), OTHER_CPU_NOTE]
+    parts = ["\n".join(f"- {line}" for line in lines),
              "### Throughput (env steps/s)",
              markdown_table(THROUGHPUT_HEADERS, throughput_rows(data["results"])),
              "### Seed scaling (CartPole-v1, 4 envs x 128 steps per seed)",
@@ -302,7 +326,7 @@ def render_markdown(data: dict) -> str:
 
 
 def print_console(data: dict) -> None:
-    print("\n".join(meta_lines(data["meta"])))
+    print("\n".join(meta_lines(data["meta"]) + [revision_line(data)]))
     print_table("Throughput (env steps/s)", THROUGHPUT_HEADERS, throughput_rows(data["results"]))
     print_table("Seed scaling (CartPole-v1)", SEED_HEADERS, seed_rows_table(data["seed_scaling"]))
     print("\n".join(summary_lines(data["summary"])))
@@ -322,6 +346,8 @@ def parse_args(argv=None):
                    help="raw/rollout/numpy runs repeat calls until a run lasts this long")
     p.add_argument("--num-threads", type=int, default=0, help="envpool threads (0: envpool's choice)")
     p.add_argument("--only", default="", help="comma list of env ids to run, plus 'seeds'")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in --out and run only the missing ones")
     args = p.parse_args(argv)
     args.runs = args.runs or 3
     args.min_run_s = args.min_run_s if args.min_run_s is not None else (0.1 if args.quick else 2.0)
@@ -335,22 +361,44 @@ def selected(case_list: list[Case], only: str, tag: str | None = None) -> list[C
     return [c for c in case_list if c.env_id in names or tag in names]
 
 
+def finish(data: dict) -> dict:
+    add_ratios(data["results"])
+    data["summary"] = summarize(data["results"], data["seed_scaling"])
+    return data
+
+
+def run_all(opts, data: dict) -> dict:
+    """Run every selected case not already in `data`, saving the JSON after each."""
+    env_cases, seed_cases = cases(opts.quick)
+    done = {row_key(r) for r in data["results"] + data["seed_scaling"]}
+    for section, case_list in (("results", selected(env_cases, opts.only)),
+                               ("seed_scaling", selected(seed_cases, opts.only, "seeds"))):
+        for case in case_list:
+            data[section] += run_case(case, opts, done)
+            write_json(opts.out, finish(data))
+    return data
+
+
+def start_data(opts) -> dict:
+    """Fresh results with this machine's description, or the saved ones with --resume."""
+    if opts.resume and Path(opts.out).exists():
+        return json.loads(Path(opts.out).read_text())
+    ppo = dataclasses.asdict(make_config(cases(opts.quick)[0][0], opts.num_threads).algo)
+    ppo.pop("total_timesteps")
+    meta = {**machine_info(), "quick": opts.quick, "runs": opts.runs, "min_run_s": opts.min_run_s,
+            "num_threads": opts.num_threads, "ppo": ppo}
+    return {"meta": meta, "results": [], "seed_scaling": []}
+
+
 def main(argv=None) -> dict:
     opts = parse_args(argv)
     if opts.render:
         print(render_markdown(json.loads(Path(opts.render).read_text())))
         return {}
-    env_cases, seed_cases = cases(opts.quick)
-    ppo = dataclasses.asdict(make_config(env_cases[0], opts.num_threads).algo)
-    ppo.pop("total_timesteps")
-    meta = {**machine_info(), "quick": opts.quick, "runs": opts.runs, "min_run_s": opts.min_run_s,
-            "num_threads": opts.num_threads, "ppo": ppo}
-    rows = [r for c in selected(env_cases, opts.only) for r in run_case(c, opts)]
-    seed_rows = [r for c in selected(seed_cases, opts.only, "seeds") for r in run_case(c, opts)]
-    add_ratios(rows)
-    data = {"meta": meta, "results": rows, "seed_scaling": seed_rows,
-            "summary": summarize(rows, seed_rows)}
-    write_json(opts.out, data)
+    info = machine_info()
+    opts.revision = {"commit": info["commit"], "library_dirty": info["library_dirty"],
+                     "library_hash": info["library_hash"]}
+    data = run_all(opts, start_data(opts))
     print_console(data)
     if opts.markdown:
         Path(opts.markdown).write_text(render_markdown(data))
