@@ -92,7 +92,10 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
         step_keys = jax.vmap(jax.random.split)(keys)  # [S, 2]
         obs = observe(actor.norm, actor.obs)
         action, env_action, logp, value = policy(params, obs, step_keys[:, 0])
-        env_state, out = env.step(actor.env_state, _flat(env_action), step_keys[0, 1])
+        # each seed's envs draw from that seed's stream, so a seed's data does
+        # not depend on which other seeds share the batch (or the device)
+        env_keys = jax.vmap(lambda k: jax.random.split(k, env_action.shape[1]))(step_keys[:, 1])
+        env_state, out = env.step(actor.env_state, _flat(env_action), _flat(env_keys))
         episodes, done_return, ended = track_episodes(actor.episodes, out)
         norm, reward = update_norm(actor.norm, out.obs, out.reward, out.terminated | out.truncated)
         final_obs = None if spec.delayed_reset else observe(norm, out.final_obs)

@@ -17,8 +17,10 @@ class EnvAdapter(Protocol):
     """A flat batch of `num_envs` environments whose `step` runs inside jit.
 
     `reset` may run on the host (envpool) and is called once, outside jit.
-    `step` takes `[N]` actions (continuous: `[N, A]`, already clipped) and a
-    key, and returns the new env state and a `StepOut` of `[N, ...]` arrays.
+    `step` takes `[N]` actions (continuous: `[N, A]`, already clipped) and
+    either one key per env (`[N]`) or a single key to split, and returns the
+    new env state and a `StepOut` of `[N, ...]` arrays. Envs whose randomness
+    lives outside JAX (envpool) ignore the keys.
     """
 
     spec: EnvSpec

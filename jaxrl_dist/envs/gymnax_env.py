@@ -65,6 +65,13 @@ def _space_spec(env_id: str, env, params) -> EnvSpec:
                    low, high)
 
 
+def _per_env_keys(key, n: int):
+    """`[n]` keys: `key` itself if it holds one key per env, else `n` split from it."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    single = key.ndim == (0 if typed else 1)
+    return jax.random.split(key, n) if single else key
+
+
 class GymnaxEnv:
     """`num_envs` copies of one gymnax env, stepped with `vmap`."""
 
@@ -85,7 +92,7 @@ class GymnaxEnv:
         return jax.tree.map(strong, state), strong(obs)
 
     def step(self, env_state, action, key):
-        keys = jax.random.split(key, self.num_envs)
+        keys = _per_env_keys(key, action.shape[0])
         if self._scalar_action:
             action = action[..., 0]
         obs, state, reward, term, trunc, info = jax.vmap(self.env.step, (0, 0, 0, None))(
