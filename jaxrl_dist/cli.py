@@ -138,6 +138,9 @@ def _train(overrides: Sequence[str], print_config: bool) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from jaxrl_dist.platform import configure_cpu
+
+    configure_cpu()  # before JAX starts: XLA reads its flags once
     args = _parser().parse_args(argv)
     try:
         return _train(args.overrides, args.print_config)

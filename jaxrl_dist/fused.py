@@ -7,11 +7,13 @@ one call. Seeds are a leading axis on every piece of state.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxrl_dist import ppo, rng
 from jaxrl_dist.config import Config, Derived, derive
@@ -104,12 +106,51 @@ def make_update_step(setup: Setup, env):
     return step
 
 
+def seed_devices(setup: Setup, spec) -> list:
+    """The devices the seeds are split over: as many local devices as divide
+    `num_seeds` (one on a single-device host, for envpool and for one seed).
+
+    Seeds are independent, so each device runs its slice with no
+    communication; on CPU, `--xla_force_host_platform_device_count` turns the
+    cores into devices and the seeds then use all of them.
+    """
+    S = setup.cfg.num_seeds
+    if spec.suite == "envpool":  # one C++ pool steps every seed's envs
+        return jax.local_devices()[:1]
+    count = max(d for d in range(1, jax.local_device_count() + 1) if S % d == 0)
+    return jax.local_devices()[:count]
+
+
+def _local_setup(setup: Setup, num_devices: int) -> Setup:
+    """The setup one device runs: its slice of the seeds."""
+    S = setup.cfg.num_seeds // num_devices
+    cfg = dataclasses.replace(setup.cfg, num_seeds=S)
+    return setup._replace(cfg=cfg, rollout_opts=setup.rollout_opts._replace(num_seeds=S))
+
+
+def _seed_sharded(chunk, devices):
+    """`chunk` run with every state leaf's leading (seed or env) axis split over `devices`."""
+    mesh = Mesh(np.array(devices), ("seeds",))
+
+    def spec(x):
+        return P("seeds") if x.ndim else P()
+
+    def run(runner):
+        specs = jax.tree.map(spec, runner)
+        return jax.shard_map(chunk, mesh=mesh, in_specs=(specs,), out_specs=(specs, P(None, "seeds")),
+                             check_vma=False)(runner)
+
+    return run
+
+
 def make_train_chunk(setup: Setup, env, num_updates: int):
     """Jitted `chunk(runner) -> (runner, metrics[K, S])` running `K = num_updates` updates.
 
-    With `setup.loop_free` a chunk is one update (`K` must be 1).
+    With `setup.loop_free` a chunk is one update (`K` must be 1). Seeds are
+    split over `seed_devices`.
     """
-    step = make_update_step(setup, env)
+    devices = seed_devices(setup, env.spec)
+    step = make_update_step(_local_setup(setup, len(devices)), env)
     if setup.loop_free:
         if num_updates != 1:
             raise ValueError(f"a loop-free setup runs one update per chunk, got {num_updates}")
@@ -121,6 +162,8 @@ def make_train_chunk(setup: Setup, env, num_updates: int):
         def chunk(runner: RunnerState):
             return jax.lax.scan(step, runner, None, length=num_updates)
 
+    if len(devices) > 1:
+        chunk = _seed_sharded(chunk, devices)
     return jax.jit(chunk, donate_argnums=0)
 
 
