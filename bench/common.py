@@ -17,7 +17,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import jax
+from jaxrl_dist.platform import configure_cpu
+
+configure_cpu()  # the CLI's XLA settings; must precede JAX's first backend use
+import jax  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +73,7 @@ def machine_info() -> dict:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": {name: _version(name) for name in
                      ("jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "numpy")},
     }
