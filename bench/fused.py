@@ -226,8 +226,22 @@ def run_case(case: Case, opts, done: set) -> list[dict]:
             continue
         print(f"[bench] {case.env_id} envs={case.num_envs} seeds={case.num_seeds} {mode}",
               flush=True)
-        rows.append({**base, "mode": mode, **opts.revision, **bench[mode]()})
+        rows.append({**base, "mode": mode, **opts.revision, **least_contended(bench[mode], opts)})
     return rows
+
+
+def least_contended(bench, opts) -> dict:
+    """`bench()`, measured again (up to `opts.retries` times) while other processes
+    kept more than `opts.max_other_cpu` of the cores busy; the least contended result."""
+    best = bench()
+    for _ in range(opts.retries):
+        if (best.get("other_cpu") or 0.0) <= opts.max_other_cpu:
+            break
+        print(f"[bench]   others used {best['other_cpu']:.0%} of the CPU: measuring again",
+              flush=True)
+        again = bench()
+        best = min(best, again, key=lambda r: r.get("other_cpu") or 0.0)
+    return best
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -346,6 +360,9 @@ def parse_args(argv=None):
                    help="raw/rollout/numpy runs repeat calls until a run lasts this long")
     p.add_argument("--num-threads", type=int, default=0, help="envpool threads (0: envpool's choice)")
     p.add_argument("--only", default="", help="comma list of env ids to run, plus 'seeds'")
+    p.add_argument("--max-other-cpu", type=float, default=0.15,
+                   help="measure again when other processes used more than this share of the CPU")
+    p.add_argument("--retries", type=int, default=2, help="at most this many such re-measurements")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows already in --out and run only the missing ones")
     args = p.parse_args(argv)
