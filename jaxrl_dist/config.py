@@ -33,13 +33,13 @@ class AlgoConfig:
     num_steps: int = 128
     update_epochs: int = 4
     num_minibatches: int = 4
-    lr: float = 5e-4
+    lr: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip_eps: float = 0.2
     clip_vloss: bool = False
-    ent_coef: float = 0.0
+    ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     norm_adv: bool = True
