@@ -8,6 +8,7 @@ seed scaling of CartPole training with `num_seeds`. Compile time is reported
 apart from run time; run times are medians of several runs after a warm-up.
 
     python bench/fused.py [--quick] [--out bench/out/fused.json] [--markdown FILE] [--resume]
+        [--only Pong-v5,seeds] [--modes numpy,raw,rollout] [--num-envs 4,1024]
     python bench/fused.py --render bench/results/fused.json   # markdown from a JSON
 
 Runs unchanged on CPU, GPU or TPU (envpool steps on the host either way).
@@ -123,8 +124,8 @@ def rollout_fn(setup, env, rollouts: int):
     def one_rollout(carry, _):
         params, actor, key, acc = carry
         key, sub = jax.random.split(key)
-        actor, traj, last_obs = rollout(params, actor, jax.random.split(sub, num_seeds))
-        return (params, actor, key, acc + _checksum((traj, last_obs))), None
+        actor, traj, last_value = rollout(params, actor, jax.random.split(sub, num_seeds))
+        return (params, actor, key, acc + _checksum((traj, last_value))), None
 
     def run(state):
         state, _ = jax.lax.scan(one_rollout, state, None, length=rollouts)
@@ -360,6 +361,10 @@ def parse_args(argv=None):
                    help="raw/rollout/numpy runs repeat calls until a run lasts this long")
     p.add_argument("--num-threads", type=int, default=0, help="envpool threads (0: envpool's choice)")
     p.add_argument("--only", default="", help="comma list of env ids to run, plus 'seeds'")
+    p.add_argument("--modes", default="",
+                   help="comma list of modes to run (numpy, raw, rollout, train); default all")
+    p.add_argument("--num-envs", default="",
+                   help="comma list of per-seed env counts to run; default all")
     p.add_argument("--max-other-cpu", type=float, default=0.15,
                    help="measure again when other processes used more than this share of the CPU")
     p.add_argument("--retries", type=int, default=2, help="at most this many such re-measurements")
@@ -378,6 +383,19 @@ def selected(case_list: list[Case], only: str, tag: str | None = None) -> list[C
     return [c for c in case_list if c.env_id in names or tag in names]
 
 
+def filtered(case_list: list[Case], opts) -> list[Case]:
+    """`case_list` restricted to `--num-envs` and `--modes` (each: no restriction when empty)."""
+    modes = set(opts.modes.split(",")) if opts.modes else None
+    sizes = {int(n) for n in opts.num_envs.split(",")} if opts.num_envs else None
+    kept = []
+    for case in case_list:
+        if modes:
+            case = case._replace(modes=tuple(m for m in case.modes if m in modes))
+        if case.modes and (not sizes or case.num_envs in sizes):
+            kept.append(case)
+    return kept
+
+
 def finish(data: dict) -> dict:
     add_ratios(data["results"])
     data["summary"] = summarize(data["results"], data["seed_scaling"])
@@ -390,7 +408,7 @@ def run_all(opts, data: dict) -> dict:
     done = {row_key(r) for r in data["results"] + data["seed_scaling"]}
     for section, case_list in (("results", selected(env_cases, opts.only)),
                                ("seed_scaling", selected(seed_cases, opts.only, "seeds"))):
-        for case in case_list:
+        for case in filtered(case_list, opts):
             data[section] += run_case(case, opts, done)
             write_json(opts.out, finish(data))
     return data

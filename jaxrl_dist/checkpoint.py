@@ -51,16 +51,17 @@ class Checkpointer:
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
 
-    def save(self, runner: RunnerState) -> int:
-        """Write the runner at its update counter (skipped if that step exists)."""
+    def save(self, runner, step: Optional[int] = None) -> int:
+        """Write a state pytree at `step` (default: the runner's update counter);
+        skipped if that step exists."""
         import orbax.checkpoint as ocp
 
-        step = int(runner.update)
+        step = int(runner.update) if step is None else int(step)
         if step not in self._mngr.all_steps():
             self._mngr.save(step, args=ocp.args.StandardSave(runner))
         return step
 
-    def restore(self, template: RunnerState, step: Optional[int] = None) -> RunnerState:
+    def restore(self, template, step: Optional[int] = None):
         """Restore into the structure, dtypes and shardings of a fresh `template` runner."""
         import orbax.checkpoint as ocp
 

@@ -60,11 +60,54 @@ class RunConfig:
     tensorboard: bool = True
 
 
+# env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'
+DEFAULT_ALLOWED_ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
+                        "Breakout-MinAtar", "Pong-v5", "Breakout-v5", "Qbert-v5",
+                        "SpaceInvaders-v5", "Gravitar-v5", "Hopper-v3", "HalfCheetah-v3",
+                        "Humanoid-v3")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where actor shards run. `fused` is the single-process trainer (no shards)."""
+
+    name: str = "fused"  # fused | local | ray | http | a plugin's name
+    max_shards: int = 32  # slots: envs whose episodes continue across rounds
+    envs_per_shard: int = 4
+    shard_timeout: float = 60.0  # seconds before a shard is retried
+    max_retries: int = 2  # extra tries of a failed shard, with the same keys
+    address: Optional[str] = None  # ray: cluster address ("auto", "ray://h:p"); null starts one
+    num_cpus: float = 1.0  # ray: CPUs reserved per actor
+    urls: tuple = ()  # http: function endpoints
+    token: Optional[str] = None  # http: bearer token; null reads $JAXRL_DIST_TOKEN
+    compression: str = "deflate"  # http: deflate | none
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    name: str = "fixed"
+    num_shards: int = 4  # fixed: shards per round
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The actor function (`jaxrl-dist serve`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # $PORT wins when set
+    token: Optional[str] = None  # null reads $JAXRL_DIST_TOKEN; empty string: no auth
+    max_body_mb: float = 64.0
+    allowed_envs: tuple = DEFAULT_ALLOWED_ENVS
+
+
 @dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     seed: int = 0
     num_seeds: int = 1
 
@@ -172,9 +215,37 @@ def _check_positive(cfg: Config) -> None:
         raise ConfigError(f"algo.hidden_sizes must be positive sizes, got {list(cfg.algo.hidden_sizes)}")
 
 
+def _check_rounds(cfg: Config) -> None:
+    """The round trainer's keys (checked only when a shard backend is chosen)."""
+    b, s = cfg.backend, cfg.scheduler
+    for key, value in {"backend.max_shards": b.max_shards, "backend.envs_per_shard": b.envs_per_shard,
+                       "backend.shard_timeout": b.shard_timeout,
+                       "scheduler.num_shards": s.num_shards}.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if b.max_retries < 0:
+        raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
+    if s.num_shards > b.max_shards:
+        raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
+    if cfg.num_seeds != 1:
+        raise ConfigError(f"num_seeds: the round trainer trains one seed, got {cfg.num_seeds}")
+    if b.compression not in ("deflate", "none"):
+        raise ConfigError(f"backend.compression must be deflate or none, got {b.compression!r}")
+    shard_batch = b.envs_per_shard * cfg.algo.num_steps
+    if shard_batch % cfg.algo.num_minibatches:
+        raise ConfigError(f"algo.num_minibatches={cfg.algo.num_minibatches} does not divide one "
+                          f"shard's batch backend.envs_per_shard*algo.num_steps={shard_batch}")
+    if b.name == "http" and not b.urls:
+        raise ConfigError("backend.urls: the http backend needs at least one endpoint")
+
+
 def validate(cfg: Config) -> Config:
     """Check a config without touching JAX; raises `ConfigError` naming the key."""
     _check_positive(cfg)
+    if cfg.backend.name != "fused":
+        _check_rounds(cfg)
+    if cfg.serve.max_body_mb <= 0:
+        raise ConfigError(f"serve.max_body_mb must be positive, got {cfg.serve.max_body_mb}")
     if cfg.env.suite not in ("auto", "gymnax", "envpool"):
         raise ConfigError(f"env.suite must be gymnax, envpool or auto, got {cfg.env.suite!r}")
     if cfg.algo.name != "ppo":

@@ -97,9 +97,9 @@ def make_update_step(setup: Setup, env):
 
     def step(runner: RunnerState, _=None):
         keys = jax.vmap(lambda k: jax.random.split(k, 3))(rng.wrap(runner.key))
-        actor, traj, last_obs = rollout(runner.train.params, runner.actor, keys[:, 1])
+        actor, traj, last_value = rollout(runner.train.params, runner.actor, keys[:, 1])
         seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
-        train, metrics = update(runner.train, seed_major, last_obs, keys[:, 2])
+        train, metrics = update(runner.train, seed_major, last_value, keys[:, 2])
         metrics.update(_episode_metrics(traj))
         return RunnerState(train, actor, rng.unwrap(keys[:, 0]), runner.update + 1), metrics
 

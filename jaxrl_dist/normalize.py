@@ -22,9 +22,15 @@ def init_norm(obs_shape, num_envs: int) -> NormState:
 
 
 def update_moments(m: RunningMoments, x: jax.Array) -> RunningMoments:
-    """Merge the moments of the batch `x` (`[B, ...]`) into `m` (Chan et al.)."""
-    x = x.astype(jnp.float32)
-    b_mean, b_var, b_count = x.mean(0), x.var(0), x.shape[0]
+    """Merge the moments of the batch `x` (`[B, ...]`) into `m` (Chan et al.).
+
+    The batch axis is reduced with a unit axis behind it: XLA then sums it in
+    order, the same whether this runs alone or vmapped beside other seeds or
+    shards (a reduction over the minor axis is vectorised differently for
+    different batch sizes, which changes the last bit).
+    """
+    x = x.astype(jnp.float32)[..., None]
+    b_mean, b_var, b_count = x.mean(0)[..., 0], x.var(0)[..., 0], x.shape[0]
     delta = b_mean - m.mean
     total = m.count + b_count
     mean = m.mean + delta * b_count / total

@@ -107,22 +107,22 @@ def make_optimizer(lr: float, max_grad_norm: float, adam_eps: float, anneal_step
                                      optax.adam(schedule, eps=adam_eps)))
 
 
-def next_values(apply_fn, params, traj: Transition, last_obs):
+def next_values(apply_fn, params, traj: Transition, last_value):
     """Value of the observation each transition ended in, `[T, B]`.
 
     Where the final observation is the next one (envpool), it is the next
-    step's value, and the last one is `V(last_obs)`; otherwise (auto-reset
-    envs) the stored final observations are evaluated in one batched call.
+    step's value, and the last one is `last_value` (`[B]`, the rollout's
+    bootstrap); otherwise (auto-reset envs) the stored final observations are
+    evaluated in one batched call.
     """
     if traj.final_obs is None:
-        last = apply_fn(params, last_obs).value
-        return jnp.concatenate([traj.value[1:], last[None]], axis=0)
+        return jnp.concatenate([traj.value[1:], last_value[None]], axis=0)
     return apply_fn(params, traj.final_obs).value
 
 
-def make_batch(apply_fn, params, traj: Transition, last_obs, opts: PPOOptions) -> Batch:
+def make_batch(apply_fn, params, traj: Transition, last_value, opts: PPOOptions) -> Batch:
     """GAE over one seed's `[T, B]` trajectory, flattened to `[T * B]`."""
-    nv = next_values(apply_fn, params, traj, last_obs)
+    nv = next_values(apply_fn, params, traj, last_value)
     term = traj.terminated.astype(jnp.float32)
     done = jnp.maximum(term, traj.truncated.astype(jnp.float32))
     adv, target = gae(traj.reward, traj.value, nv, term, done, opts.gamma, opts.gae_lambda)
@@ -132,15 +132,15 @@ def make_batch(apply_fn, params, traj: Transition, last_obs, opts: PPOOptions) -
 
 
 def make_update(apply_fn: Callable, opts: PPOOptions):
-    """Build `update(train_state, traj[T,B], last_obs[B], key) -> (train_state, metrics)`.
+    """Build `update(train_state, traj[T,B], last_value[B], key) -> (train_state, metrics)`.
 
     The minibatch loop carries the parameters raveled into one vector (the
     optimiser is `optax.flatten`-ed to match), so each step updates one array
     instead of one per layer.
     """
 
-    def update(state: TrainState, traj: Transition, last_obs, key):
-        batch = make_batch(apply_fn, state.params, traj, last_obs, opts)
+    def update(state: TrainState, traj: Transition, last_value, key):
+        batch = make_batch(apply_fn, state.params, traj, last_value, opts)
         n = batch.advantage.shape[0]
         m = opts.num_minibatches
         perms = jax.vmap(lambda k: jax.random.permutation(k, n))(

@@ -66,10 +66,12 @@ def make_policy_step(apply_fn: Callable, spec, opts: RolloutOptions):
 
 
 def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
-    """Build `rollout(params[S], actor, key[S]) -> (actor, traj[T,S,B], last_obs[S,B,...])`.
+    """Build `rollout(params[S], actor, key[S]) -> (actor, traj[T,S,B], last_value[S,B])`.
 
-    `traj.obs` and `last_obs` are normalised when observation normalisation is on;
+    `traj.obs` is normalised when observation normalisation is on;
     `traj.final_obs` is `None` for envs whose final observation is the next one.
+    `last_value` is the value of the observation the rollout stopped at: the
+    bootstrap for the last step of those envs (jit drops it where unused).
     """
     spec, S = env.spec, opts.num_seeds
     policy = make_policy_step(apply_fn, spec, opts)
@@ -112,6 +114,7 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
             return env_step(params, actor, step_keys)
 
         actor, traj = jax.lax.scan(scan_step, actor, keys, unroll=opts.unroll)
-        return actor, traj, observe(actor.norm, actor.obs)
+        last_value = jax.vmap(apply_fn)(params, observe(actor.norm, actor.obs)).value
+        return actor, traj, last_value
 
     return rollout

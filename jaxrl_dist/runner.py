@@ -226,6 +226,10 @@ def train(cfg: Config, run_dir=None) -> dict:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
+    if cfg.backend.name != "fused":
+        from jaxrl_dist.rounds import train_rounds
+
+        return train_rounds(cfg, run_dir, resuming, t_start)
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)
     setup = fused.make_setup(cfg, env.spec)

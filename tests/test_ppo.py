@@ -174,7 +174,7 @@ def test_make_batch_truncation_bootstraps_from_stored_final_obs():
     trunc = jnp.asarray([[False], [True], [False]])
     traj = make_traj(obs, final_obs, reward, jnp.zeros((3, 1), bool), trunc)
     opts = ppo.PPOOptions(gamma=0.5, gae_lambda=1.0)
-    batch = ppo.make_batch(value_of_obs_sum, None, traj, jnp.asarray([[4.0]]), opts)
+    batch = ppo.make_batch(value_of_obs_sum, None, traj, jnp.asarray([4.0]), opts)
     # d2 = 1 + 0.5*4 - 3 = 0 ; A2 = 0
     # d1 = 1 + 0.5*10 - 2 = 4 ; A1 = 4 (cut)
     # d0 = 1 + 0.5*2 - 1 = 1 ; A0 = 1 + 0.5*4 = 3
@@ -184,11 +184,11 @@ def test_make_batch_truncation_bootstraps_from_stored_final_obs():
 
 def test_make_batch_delayed_reset_uses_next_obs_value():
     # envpool-style trajectory (final_obs=None): the next value is the next
-    # step's value and the last one is V(last_obs) = 5.
+    # step's value and the last one is the rollout's bootstrap value 5.
     obs = jnp.asarray([[[1.0]], [[2.0]], [[3.0]]])
     traj = make_traj(obs, None, jnp.ones((3, 1)), jnp.zeros((3, 1), bool),
                      jnp.zeros((3, 1), bool))
-    nv = ppo.next_values(value_of_obs_sum, None, traj, jnp.asarray([[5.0]]))
+    nv = ppo.next_values(value_of_obs_sum, None, traj, jnp.asarray([5.0]))
     np.testing.assert_allclose(np.asarray(nv), [[2.0], [3.0], [5.0]])
 
 
@@ -415,12 +415,12 @@ def random_traj(key, net, params):
 
 def test_update_jit_matches_eager(real):
     net, state, opts, (traj, _) = real
-    last_obs = jnp.zeros((B_, 4))
+    last_value = jnp.zeros((B_,))
     key = jax.random.PRNGKey(3)
     update = ppo.make_update(net.apply, opts)
-    new_j, m_j = jax.jit(update)(state, traj, last_obs, key)
+    new_j, m_j = jax.jit(update)(state, traj, last_value, key)
     with jax.disable_jit():
-        new_e, m_e = update(state, traj, last_obs, key)
+        new_e, m_e = update(state, traj, last_value, key)
     assert int(new_j.step) == int(new_e.step) == opts.update_epochs * opts.num_minibatches
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  new_j.params, new_e.params)
@@ -433,7 +433,7 @@ def test_update_jit_matches_eager(real):
 
 def test_loss_jit_matches_eager(real):
     net, state, opts, (traj, _) = real
-    batch = jax.jit(lambda p, t: ppo.make_batch(net.apply, p, t, jnp.zeros((B_, 4)), opts))(
+    batch = jax.jit(lambda p, t: ppo.make_batch(net.apply, p, t, jnp.zeros((B_,)), opts))(
         state.params, traj)
     batch = jax.tree.map(lambda x: x[: T_ * B_ // 2], batch)  # one minibatch
     grad_fn = jax.value_and_grad(ppo.ppo_loss, has_aux=True)
@@ -482,10 +482,10 @@ def log_compiles():
 def test_second_update_call_does_not_recompile(real):
     net, state, opts, (traj1, traj2) = real
     update = jax.jit(ppo.make_update(net.apply, opts))
-    state1, _ = update(state, traj1, jnp.zeros((B_, 4)), jax.random.PRNGKey(6))
+    state1, _ = update(state, traj1, jnp.zeros((B_,)), jax.random.PRNGKey(6))
     assert update._cache_size() == 1
     with log_compiles() as compiled:
-        state2, _ = update(state1, traj2, jnp.ones((B_, 4)), jax.random.PRNGKey(7))
+        state2, _ = update(state1, traj2, jnp.ones((B_,)), jax.random.PRNGKey(7))
         jax.block_until_ready(state2)
     assert update._cache_size() == 1
     assert compiled == []

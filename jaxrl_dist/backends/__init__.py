@@ -1,0 +1,158 @@
+"""Backends run a round's actor shards; this module holds the protocol and the registry.
+
+A backend is looked up by `backend.name`: the built-in `local`, `ray` and
+`http`, or any class a package registers under the entry-point group
+`jaxrl_dist.backends` (so a fork adds one without editing the library):
+
+    [project.entry-points."jaxrl_dist.backends"]
+    mine = "my_pkg.backend:MyBackend"
+
+The class is built as `cls(cfg.backend)` and must follow `Backend`.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, List, NamedTuple, Optional, Protocol
+
+from jaxrl_dist.config import ConfigError
+
+GROUP = "jaxrl_dist.backends"
+BUILTIN = {"local": "jaxrl_dist.backends.local:LocalBackend",
+           "ray": "jaxrl_dist.backends.ray_backend:RayBackend",
+           "http": "jaxrl_dist.backends.http:HttpBackend"}
+
+
+class BackendError(RuntimeError):
+    """A round that could not be completed after every retry."""
+
+
+class Job(NamedTuple):
+    """What a backend is started with: the run's spec, seed and the learner's program."""
+
+    spec: Any  # shard.ShardSpec
+    seed: int
+    run_id: str
+    program: Any  # shard.ShardProgram: templates, and the local backend's rollout
+
+
+class ShardTask(NamedTuple):
+    slot: int
+    key: Any  # raw uint32[2] from shard.shard_key
+
+
+class ShardInfo(NamedTuple):
+    """Per-shard accounting, for the round's metrics."""
+
+    slot: int
+    timings: Any  # shard.Timings as the worker saw them
+    reset: bool  # the worker reset this slot's envs (a sticky slot it had not seen)
+    retries: int
+    worker: str
+
+
+class RoundResult(NamedTuple):
+    """A round's shards, stacked in task order: `traj [T, K, B]`, `bootstrap [K, B]`.
+
+    `K >= len(tasks)`; slots past `len(tasks)` are padding the learner masks.
+    The slots' new states are written to the round's `SlotTable`.
+    `stats`: dispatch_s, transfer_s, wait_s, bytes_sent, bytes_received.
+    """
+
+    traj: Any
+    bootstrap: Any
+    shards: List[ShardInfo]
+    stats: dict
+
+
+class SlotTable:
+    """The trainer's stateless (gymnax) slot states, stacked: leaves `[M, ...]`.
+
+    `data` may hold device or host arrays; remote backends read and write one
+    slot at a time, the local backend the whole table inside its jit.
+    None for sticky (envpool) specs, whose slots live on the workers.
+    """
+
+    def __init__(self, data):
+        self.data = data
+
+    def get(self, slot: int):
+        import jax
+
+        return jax.tree.map(lambda x: x[slot], self.data)
+
+    def put(self, slots: list, states: list) -> None:
+        """Write slot states (host side; one copy of the table per call)."""
+        import jax
+        import numpy as np
+
+        def write(table, *values):
+            table = np.array(table)  # a writable host copy
+            for slot, v in zip(slots, values):
+                table[slot] = np.asarray(v)
+            return table
+
+        self.data = jax.tree.map(write, self.data, *states)
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(self, job: Job) -> None: ...
+
+    def run_round(self, round_: int, params, tasks: List[ShardTask],
+                  table: Optional[SlotTable]) -> RoundResult: ...
+
+    def close(self) -> None: ...
+
+
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def available() -> dict:
+    """Backend names and where they come from (built-ins, then entry points)."""
+    found = dict(BUILTIN)
+    for ep in entry_points(group=GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def make_backend(backend_cfg) -> Backend:
+    """The backend `backend_cfg.name` names; `ConfigError` if none does."""
+    targets = available()
+    if backend_cfg.name not in targets:
+        raise ConfigError(f"backend.name: unknown backend {backend_cfg.name!r} "
+                          f"(available: fused, {', '.join(sorted(targets))})")
+    return _load(targets[backend_cfg.name])(backend_cfg)
+
+
+def bucket(n: int, max_shards: int) -> int:
+    """Shard count padded to a power of two (capped at `max_shards`): a handful
+    of compiled shapes serve every `n`."""
+    k = 1
+    while k < n:
+        k *= 2
+    return min(k, max_shards) if n <= max_shards else n
+
+
+def stack_outputs(outputs: list, k: int):
+    """Host-side: per-shard `[T, B]` trajectories and `[B]` bootstraps stacked
+    to `[T, k, B]` / `[k, B]`, zero-padded past `len(outputs)`."""
+    import jax
+    import numpy as np
+
+    def stack(axis, *xs):
+        x = np.stack([np.asarray(v) for v in xs], axis=axis)
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, k - len(xs))
+        return np.pad(x, pad)
+
+    traj = jax.tree.map(lambda *xs: stack(1, *xs), *[o.traj for o in outputs])
+    boot = stack(0, *[o.bootstrap for o in outputs])
+    return traj, boot
+
+
+__all__ = ["Backend", "BackendError", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable",
+           "make_backend", "available", "bucket", "stack_outputs", "GROUP"]

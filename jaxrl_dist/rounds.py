@@ -1,0 +1,239 @@
+"""The round trainer: schedule, dispatch shards to a backend, gather, update, log.
+
+Each round the scheduler picks `n` shards; slots `0..n-1` run on the backend
+with keys from `(seed, round, slot)`; their `[T, B]` trajectories are stacked
+to `[T, K, B]` (`K` = `n` padded to a power of two, the padding masked out of
+the loss) and the core's PPO update (`ppo.make_update`) runs once. The same
+seed and config give the same parameters on every backend.
+
+The run directory holds what the fused trainer writes (`config.yaml`,
+`metrics.jsonl` with one record per round, `tensorboard/`, `checkpoints/`,
+`summary.json`). A round's record adds `num_shards`, shard duration
+min/median/max, `dispatch_s`, `transfer_s`, `wait_s`, `learn_s`, `round_s`,
+bytes sent and received, retries and slot resets.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist import checkpoint, ppo, rng
+from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, make_backend
+from jaxrl_dist.config import Config, to_dict
+from jaxrl_dist.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
+from jaxrl_dist.schedulers import make_scheduler
+from jaxrl_dist.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
+from jaxrl_dist.types import TrainState
+
+
+class Learner(NamedTuple):
+    """The learner's static pieces."""
+
+    program: ShardProgram  # env spec, network, slot init
+    tx: Any
+    update: Any  # jitted (train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)
+    num_rounds: int  # rounds the LR schedule and the run are sized for
+    steps_per_shard: int
+
+
+def _metrics(traj) -> dict:
+    count = traj.done.sum().astype(jnp.float32)
+    ret_sum = traj.done_return.sum()
+    return {"episode_return_sum": ret_sum, "episodes": count,
+            "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
+
+
+def make_learn(apply_fn, opts: ppo.PPOOptions):
+    """Jitted learner step over a `[T, K, B]` round whose first `n` slots are real."""
+    update = ppo.make_update(apply_fn, opts._replace(masked=True))
+
+    def learn(train: TrainState, traj, boot, n, key):
+        K = boot.shape[0]
+        real = (jnp.arange(K) < n)[None, :, None]
+        traj = traj._replace(valid=traj.valid & real, done=traj.done & real,
+                             done_return=jnp.where(real, traj.done_return, 0.0))
+        flat = jax.tree.map(lambda x: x.reshape((x.shape[0], -1) + x.shape[3:]), traj)
+        train, metrics = update(train, flat, boot.reshape(-1), key)
+        metrics.update(_metrics(flat))
+        return train, metrics
+
+    return jax.jit(learn, donate_argnums=0)
+
+
+def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> Learner:
+    a, spec = cfg.algo, program.env.spec
+    steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
+    num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
+    grad_steps = num_rounds * a.update_epochs * a.num_minibatches
+    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
+    opts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
+                          a.update_epochs, a.num_minibatches, a.norm_adv, spec.discrete, True,
+                          program.network.torso == "cnn" and jax.default_backend() == "cpu")
+    return Learner(program, tx, make_learn(program.network.apply, opts), num_rounds, steps_per_shard)
+
+
+def init_train(learner: Learner, seed: int) -> TrainState:
+    spec = learner.program.env.spec
+    dummy = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
+    params = learner.program.network.init(jax.random.fold_in(rng.key(seed), 3), dummy)
+    return TrainState(params=params, opt_state=learner.tx.init(params),
+                      step=jnp.zeros((), jnp.int32), apply_fn=learner.program.network.apply,
+                      tx=learner.tx)
+
+
+def init_table(program: ShardProgram, seed: int, max_shards: int) -> Optional[SlotTable]:
+    """Every stateless slot's fresh envs, stacked `[M, ...]` (None for sticky specs)."""
+    if program.spec.sticky:
+        return None
+    init = jax.vmap(lambda s: program.init_slot(slot_init_key(seed, s)))
+    return SlotTable(jax.jit(init)(jnp.arange(max_shards)))
+
+
+class RoundState(NamedTuple):
+    """What a checkpoint holds: learner state, stateless slot states, round counter."""
+
+    train: TrainState
+    table: Any
+    round: Any
+
+
+def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict) -> dict:
+    durations = [s.timings.finished - s.timings.started for s in result.shards]
+    rec = {"update": r, "round": r, "env_steps": env_steps, "num_shards": n,
+           "return": nan_to_none(metrics["return_mean"])}
+    rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
+    rec.update({"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
+                "shard_s_max": max(durations),
+                "billed_s": float(sum(s.timings.billed for s in result.shards))})
+    rec.update({k: float(v) for k, v in result.stats.items() if k.endswith("_s")})
+    rec.update({"learn_s": times["learn"], "round_s": times["round"],
+                "bytes_sent": int(result.stats["bytes_sent"]),
+                "bytes_received": int(result.stats["bytes_received"]),
+                "retries": sum(s.retries for s in result.shards),
+                "slot_resets": sum(bool(s.reset) for s in result.shards),
+                "sps": n * times["steps_per_shard"] / times["round"],
+                "episode_return_sum": [float(metrics["episode_return_sum"])],
+                "episodes": [float(metrics["episodes"])]})
+    return rec
+
+
+class RoundTrainer:
+    """Owns a run's learner, backend, scheduler and state; `run()` trains to the end."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resuming: bool):
+        self.cfg, self.run_dir = cfg, run_dir
+        suite = _suite(cfg)
+        probe = ShardProgram(spec_from_config(cfg, suite, False))
+        self.spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
+        self.program = probe if self.spec == probe.spec else ShardProgram(self.spec)
+        self.scheduler = make_scheduler(cfg.scheduler, cfg.backend)
+        self.learner = make_learner(cfg, self.program, self.scheduler.expected_shards())
+        self.backend = make_backend(cfg.backend)
+        self.ckpt = checkpoint.Checkpointer(run_dir)
+        self.state = self._start(resuming)
+
+    def _start(self, resuming: bool) -> RoundState:
+        train = init_train(self.learner, self.cfg.seed)
+        table = init_table(self.program, self.cfg.seed, self.cfg.backend.max_shards)
+        state = RoundState(train, None if table is None else table.data, np.zeros((), np.int32))
+        if resuming and self.ckpt.latest_step() is not None:
+            state = self.ckpt.restore(state)
+        return state
+
+    def _done(self, env_steps: int) -> bool:
+        return env_steps >= self.cfg.algo.total_timesteps
+
+    def run(self, logger, history: list) -> list:
+        cfg, learner = self.cfg, self.learner
+        job = Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program)
+        self.backend.start(job)
+        train, table = self.state.train, SlotTable(self.state.table) if self.state.table is not None else None
+        r = int(self.state.round)
+        env_steps = sum(rec["num_shards"] for rec in history) * learner.steps_per_shard
+        records = []
+        try:
+            while not self._done(env_steps):
+                t0 = time.perf_counter()
+                n = self.scheduler.num_shards(r, history + records)
+                keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
+                tasks = [ShardTask(s, keys[s]) for s in range(n)]
+                result = self.backend.run_round(r, train.params, tasks, table)
+                t1 = time.perf_counter()
+                train, metrics = learner.update(train, result.traj, result.bootstrap, n,
+                                                learn_key)
+                metrics = jax.device_get(metrics)
+                t2 = time.perf_counter()
+                r, env_steps = r + 1, env_steps + n * learner.steps_per_shard
+                times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
+                rec = _round_record(r, n, env_steps, result, metrics, times)
+                logger.log([rec])
+                records.append(rec)
+                every = cfg.run.checkpoint_every
+                if every and r % every == 0:
+                    self._save(train, table, r)
+        finally:
+            self.backend.close()
+        self._save(train, table, r)
+        self.state = RoundState(train, None if table is None else table.data, np.int32(r))
+        return records
+
+    def _save(self, train, table, r: int) -> None:
+        data = None if table is None else jax.tree.map(np.asarray, table.data)
+        self.ckpt.save(RoundState(train, data, np.int32(r)), step=r)
+
+
+def _suite(cfg: Config) -> str:
+    from jaxrl_dist.envs import resolve_suite
+
+    return resolve_suite(cfg.env.id, cfg.env.suite)
+
+
+def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
+    """Train with the round trainer; called by `runner.train` for shard backends."""
+    from jaxrl_dist.runner import METRICS_FILE, SUMMARY_FILE, _print_summary, params_digest, peak_rss_mb
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resuming:
+        checkpoint.save_run_config(run_dir, to_dict(cfg))
+    trainer = RoundTrainer(cfg, run_dir, resuming)
+    start = int(trainer.state.round)
+    history = truncate_records(run_dir / METRICS_FILE, start)
+    total = cfg.algo.total_timesteps
+    done = sum(rec["num_shards"] for rec in history) * trainer.learner.steps_per_shard
+    logger = MetricsLogger(run_dir, total, done, cfg.run.tensorboard, cfg.run.progress)
+    t1 = time.perf_counter()
+    try:
+        records = trainer.run(logger, history)
+    finally:
+        logger.close()
+        trainer.ckpt.close()
+    t2 = time.perf_counter()
+    all_records = history + records
+    rounds = int(trainer.state.round)
+    env_steps = sum(rec["num_shards"] for rec in all_records) * trainer.learner.steps_per_shard
+    final, per_seed = final_returns(all_records, rounds)
+    new_steps = env_steps - done
+    summary = {
+        "env_id": cfg.env.id, "backend": cfg.backend.name, "scheduler": cfg.scheduler.name,
+        "final_return": final, "returns_per_seed": per_seed, "env_steps": env_steps,
+        "total_env_steps": env_steps, "num_updates": rounds, "rounds": rounds, "num_seeds": 1,
+        "wall_seconds": time.perf_counter() - t_start,
+        "compile_seconds": None,  # compiles happen in the first rounds (and on the workers)
+        "train_seconds": t2 - t1, "sps": new_steps / (t2 - t1) if t2 > t1 else None,
+        "retries": sum(rec["retries"] for rec in all_records),
+        "slot_resets": sum(rec["slot_resets"] for rec in all_records),
+        "params_sha256": params_digest(trainer.state.train.params),
+        "peak_rss_mb": peak_rss_mb(),
+        "resumed_at_update": start if cfg.run.resume else None,
+        "run_dir": str(cfg.run.dir),
+    }
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary)
+    return summary

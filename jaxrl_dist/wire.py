@@ -1,0 +1,175 @@
+"""The shard wire format: msgpack (flax.serialization), optionally deflated. Never pickle.
+
+A request carries the spec, the slot, its key, the policy params and (for
+stateless specs) the slot's state; a response carries the trajectory, the
+slot's new state, the bootstrap values and the worker's timings. Decoding
+checks every array against a template built from the spec, so a body with a
+wrong structure, shape or dtype is a `ShardError` naming the field.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from jaxrl_dist.shard import ShardError, ShardOutput, ShardSpec, Timings
+
+VERSION = 1
+
+
+class BodyTooLarge(ShardError):
+    """A body over the size limit (compressed or once inflated)."""
+
+
+class ShardRequest(NamedTuple):
+    spec: ShardSpec
+    slot: int
+    key: np.ndarray  # raw uint32[2]
+    params: Any
+    actor: Any  # ActorState, or None for sticky specs
+    run_id: str = ""
+    seed: int = 0
+    round: int = 0
+
+
+def _to_host(tree):
+    from flax import serialization
+
+    return serialization.to_state_dict(jax.tree.map(np.asarray, jax.device_get(tree)))
+
+
+def _pack(data: dict, compress: bool) -> bytes:
+    from flax import serialization
+
+    raw = serialization.msgpack_serialize(data)
+    return zlib.compress(raw, 1) if compress else raw
+
+
+def _unpack(body: bytes, compressed: bool, max_bytes: int) -> dict:
+    from flax import serialization
+
+    if len(body) > max_bytes:
+        raise BodyTooLarge(f"body: {len(body)} bytes is over the limit of {max_bytes}")
+    if compressed:
+        inflater = zlib.decompressobj()
+        try:
+            body = inflater.decompress(body, max_bytes)
+        except zlib.error as err:
+            raise ShardError(f"body: not valid deflate data ({err})") from err
+        if inflater.unconsumed_tail:
+            raise BodyTooLarge(f"body: inflates past the limit of {max_bytes} bytes")
+    try:
+        data = serialization.msgpack_restore(body)
+    except Exception as err:  # msgpack raises several types on garbage
+        raise ShardError(f"body: not a msgpack document ({type(err).__name__})") from err
+    if not isinstance(data, dict):
+        raise ShardError("body: expected a msgpack mapping")
+    return data
+
+
+def _field(data: dict, name: str, kind):
+    if name not in data:
+        raise ShardError(f"{name}: missing")
+    value = data[name]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ShardError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def restore(template, data, name: str):
+    """`data` (a state dict from the wire) as `template`'s pytree, every leaf checked."""
+    from flax import serialization
+
+    try:
+        tree = serialization.from_state_dict(template, data)
+    except Exception as err:
+        raise ShardError(f"{name}: structure does not match ({' '.join(str(err).split())[:200]})") from err
+    want, _ = jax.tree_util.tree_flatten_with_path(template)
+    got = jax.tree.leaves(tree)
+    if len(got) != len(want):
+        raise ShardError(f"{name}: expected {len(want)} arrays, got {len(got)}")
+    for (path, spec), leaf in zip(want, got):
+        where = name + jax.tree_util.keystr(path)
+        if not isinstance(leaf, np.ndarray):
+            raise ShardError(f"{where}: expected an array, got {type(leaf).__name__}")
+        if leaf.shape != tuple(spec.shape) or leaf.dtype != spec.dtype:
+            raise ShardError(f"{where}: expected {spec.dtype}{list(spec.shape)}, "
+                             f"got {leaf.dtype}{list(leaf.shape)}")
+    return tree
+
+
+def encode_request(req: ShardRequest, compress: bool = False) -> bytes:
+    data = {"v": VERSION, "spec": req.spec.to_dict(), "slot": req.slot, "run_id": req.run_id,
+            "seed": req.seed, "round": req.round, "key": np.asarray(req.key, np.uint32),
+            "params": _to_host(req.params),
+            "actor": None if req.actor is None else _to_host(req.actor)}
+    return _pack(data, compress)
+
+
+def decode_request_head(body: bytes, compressed: bool, max_bytes: int):
+    """The untrusted body as `(spec, data)`: the spec checked, the arrays not yet."""
+    data = _unpack(body, compressed, max_bytes)
+    if data.get("v") != VERSION:
+        raise ShardError(f"v: expected wire version {VERSION}, got {data.get('v')!r}")
+    return ShardSpec.from_dict(data.get("spec")), data
+
+
+def decode_request(spec: ShardSpec, data: dict, params_template, actor_template) -> ShardRequest:
+    """The rest of a request, checked against the program's templates."""
+    slot = _field(data, "slot", int)
+    if not 0 <= slot < 1 << 20:
+        raise ShardError(f"slot: out of range: {slot}")
+    key = _field(data, "key", np.ndarray)
+    if key.shape != (2,) or key.dtype != np.uint32:
+        raise ShardError(f"key: expected uint32[2], got {key.dtype}{list(key.shape)}")
+    params = restore(params_template, _field(data, "params", dict), "params")
+    actor = data.get("actor")
+    if spec.sticky:
+        if actor is not None:
+            raise ShardError("actor: must be null for an envpool spec (the worker keeps it)")
+    else:
+        actor = restore(actor_template, _field(data, "actor", dict), "actor")
+    return ShardRequest(spec, slot, key, params, actor, str(data.get("run_id", ""))[:128],
+                        _field(data, "seed", int), _field(data, "round", int))
+
+
+def encode_response(slot: int, out: ShardOutput, timings: Timings, reset: bool, worker: str,
+                    compress: bool = False) -> bytes:
+    data = {"v": VERSION, "slot": slot, "traj": _to_host(out.traj),
+            "actor": None if out.actor is None else _to_host(out.actor),
+            "bootstrap": np.asarray(out.bootstrap), "timings": timings._asdict(),
+            "reset": reset, "worker": worker}
+    return _pack(data, compress)
+
+
+class ShardReply(NamedTuple):
+    slot: int
+    output: ShardOutput
+    timings: Timings
+    reset: bool
+    worker: str
+
+
+def decode_response(body: bytes, compressed: bool, templates: ShardOutput,
+                    max_bytes: int = 1 << 34) -> ShardReply:
+    """A worker's response checked against the learner's `ShardOutput` templates."""
+    data = _unpack(body, compressed, max_bytes)
+    traj = restore(templates.traj, _field(data, "traj", dict), "traj")
+    actor = None
+    if templates.actor is not None:
+        actor = restore(templates.actor, _field(data, "actor", dict), "actor")
+    boot = restore(templates.bootstrap, _field(data, "bootstrap", np.ndarray), "bootstrap")
+    t = _field(data, "timings", dict)
+    timings = Timings(*(float(t.get(f, 0.0)) for f in Timings._fields))
+    return ShardReply(_field(data, "slot", int), ShardOutput(traj, actor, boot), timings,
+                      bool(data.get("reset", False)), str(data.get("worker", "")))
+
+
+def output_templates(program, sticky: Optional[bool] = None) -> ShardOutput:
+    """Shapes and dtypes of a shard's output, for checking responses."""
+    params, actor = program.params_template(), program.actor_template()
+    out = jax.eval_shape(program.run_one, params, actor, np.zeros(2, np.uint32))
+    sticky = program.spec.sticky if sticky is None else sticky
+    return out._replace(actor=None if sticky else out.actor)
