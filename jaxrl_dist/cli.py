@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 EXIT_CONFIG_ERROR = 2
+EXIT_BACKEND_ERROR = 3
 
 _EPILOG = """\
 overrides (Hydra syntax):
@@ -34,6 +35,17 @@ examples:
   jaxrl-dist train
   jaxrl-dist train env=hopper num_seeds=4
   jaxrl-dist train env.id=Acrobot-v1 env.suite=gymnax algo.total_timesteps=2e5
+"""
+
+
+_SERVE_EPILOG = """\
+The port is $PORT when set (the Cloud Run / Knative / Container Apps contract),
+else --port, else serve.port. A token is required: --token, serve.token or
+$JAXRL_DIST_TOKEN; serve.token='' serves without authentication.
+
+examples:
+  JAXRL_DIST_TOKEN=secret jaxrl-dist serve --port 8001
+  jaxrl-dist serve --token secret 'serve.allowed_envs=[CartPole-v1]' serve.max_body_mb=16
 """
 
 
@@ -115,6 +127,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     train.add_argument("--print-config", action="store_true",
                        help="print the composed config as YAML and exit")
+    serve = sub.add_parser("serve", help="serve the actor function (POST /v1/rollout) with uvicorn",
+                           epilog=_SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--host", help="interface to bind (default serve.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default $PORT, else serve.port)")
+    serve.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
+    serve.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="serve.* overrides, e.g. serve.max_body_mb=16")
     return parser
 
 
@@ -130,10 +149,35 @@ def _train(overrides: Sequence[str], print_config: bool) -> int:
         return 0
     from jaxrl_dist.runner import train
 
+    from jaxrl_dist.backends import BackendError
+
     try:
         train(cfg)
     except (ConfigError, EnvMakeError) as err:  # raised before the first compile
         raise CliConfigError(" ".join(str(err).split())) from err
+    except BackendError as err:  # every retry spent; the last checkpoint is on disk
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_BACKEND_ERROR
+    return 0
+
+
+def _serve(args) -> int:
+    import dataclasses
+    import os
+
+    bad = [o for o in args.overrides if not o.lstrip("+").startswith("serve.")]
+    if bad:
+        raise CliConfigError(f"bad override '{bad[0]}': serve takes serve.* keys only")
+    cfg = load_config(args.overrides).serve
+    changes = {k: v for k, v in (("host", args.host), ("port", args.port), ("token", args.token))
+               if v is not None}
+    cfg = dataclasses.replace(cfg, **changes)
+    if cfg.token is None and not os.environ.get("JAXRL_DIST_TOKEN"):
+        raise CliConfigError("serve.token: no token; pass --token, set JAXRL_DIST_TOKEN, "
+                             "or serve.token='' to serve without authentication")
+    from jaxrl_dist.serve import serve
+
+    serve(cfg)
     return 0
 
 
@@ -143,6 +187,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     configure_cpu()  # before JAX starts: XLA reads its flags once
     args = _parser().parse_args(argv)
     try:
+        if args.command == "serve":
+            return _serve(args)
         return _train(args.overrides, args.print_config)
     except CliConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist import checkpoint, ppo, rng
-from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, make_backend
+from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
 from jaxrl_dist.schedulers import make_scheduler
@@ -211,6 +211,10 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> 
     t1 = time.perf_counter()
     try:
         records = trainer.run(logger, history)
+    except BackendError as err:
+        last = trainer.ckpt.latest_step()
+        where = f"round {last}" if last is not None else "none yet"
+        raise BackendError(f"{err}; last checkpoint: {where}; continue with run.resume={run_dir}") from err
     finally:
         logger.close()
         trainer.ckpt.close()

@@ -203,14 +203,20 @@ class ShardProgram:
         return init_actor(self.env, key, 1)
 
     def params_template(self):
-        dummy = jnp.zeros((1,) + tuple(self.env.spec.obs_shape), self.env.spec.obs_dtype)
-        return jax.eval_shape(self.network.init, rng.key(0), dummy)
+        """Shapes and dtypes of the policy params (traced once, then cached)."""
+        if not hasattr(self, "_params_template"):
+            dummy = jnp.zeros((1,) + tuple(self.env.spec.obs_shape), self.env.spec.obs_dtype)
+            self._params_template = jax.eval_shape(self.network.init, rng.key(0), dummy)
+        return self._params_template
 
     def actor_template(self):
-        return jax.eval_shape(self.init_slot, rng.key(0))
+        """Shapes and dtypes of one slot's state (traced once, then cached)."""
+        if not hasattr(self, "_actor_template"):
+            self._actor_template = jax.eval_shape(self.init_slot, rng.key(0))
+        return self._actor_template
 
     def run_one(self, params, actor: ActorState, key) -> ShardOutput:
-        actor, traj, boot = self.run(params, actor, np.asarray(key)[None])
+        actor, traj, boot = self.run(params, actor, jnp.asarray(key)[None])
         traj = jax.tree.map(lambda x: x[:, 0], traj)
         return ShardOutput(traj, actor, boot[0])
 

@@ -19,8 +19,29 @@ from jaxrl_dist.shard import ShardError, ShardOutput, ShardSpec, Timings
 VERSION = 1
 
 
+class MalformedBody(ShardError):
+    """A body that is not a wire document at all (bad deflate, not msgpack, wrong version)."""
+
+
 class BodyTooLarge(ShardError):
     """A body over the size limit (compressed or once inflated)."""
+
+
+# Compressed bodies are raw deflate streams (RFC 1951, no zlib wrapper): a
+# round's params are deflated once and spliced after each shard's own header
+# (both pieces end on a sync flush, so the concatenation is one valid stream).
+_RAW = -15
+_FINAL_EMPTY_BLOCK = b"\x03\x00"
+
+
+def deflate_piece(data: bytes) -> bytes:
+    """`data` as non-final raw deflate blocks ending on a byte boundary."""
+    c = zlib.compressobj(1, zlib.DEFLATED, _RAW)
+    return c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
+
+
+def deflate(data: bytes) -> bytes:
+    return deflate_piece(data) + _FINAL_EMPTY_BLOCK
 
 
 class ShardRequest(NamedTuple):
@@ -44,7 +65,7 @@ def _pack(data: dict, compress: bool) -> bytes:
     from flax import serialization
 
     raw = serialization.msgpack_serialize(data)
-    return zlib.compress(raw, 1) if compress else raw
+    return deflate(raw) if compress else raw
 
 
 def _unpack(body: bytes, compressed: bool, max_bytes: int) -> dict:
@@ -53,19 +74,19 @@ def _unpack(body: bytes, compressed: bool, max_bytes: int) -> dict:
     if len(body) > max_bytes:
         raise BodyTooLarge(f"body: {len(body)} bytes is over the limit of {max_bytes}")
     if compressed:
-        inflater = zlib.decompressobj()
+        inflater = zlib.decompressobj(_RAW)
         try:
             body = inflater.decompress(body, max_bytes)
         except zlib.error as err:
-            raise ShardError(f"body: not valid deflate data ({err})") from err
+            raise MalformedBody(f"body: not valid deflate data ({err})") from err
         if inflater.unconsumed_tail:
             raise BodyTooLarge(f"body: inflates past the limit of {max_bytes} bytes")
     try:
         data = serialization.msgpack_restore(body)
     except Exception as err:  # msgpack raises several types on garbage
-        raise ShardError(f"body: not a msgpack document ({type(err).__name__})") from err
+        raise MalformedBody(f"body: not a msgpack document ({type(err).__name__})") from err
     if not isinstance(data, dict):
-        raise ShardError("body: expected a msgpack mapping")
+        raise MalformedBody("body: expected a msgpack mapping")
     return data
 
 
@@ -100,19 +121,52 @@ def restore(template, data, name: str):
     return tree
 
 
-def encode_request(req: ShardRequest, compress: bool = False) -> bytes:
-    data = {"v": VERSION, "spec": req.spec.to_dict(), "slot": req.slot, "run_id": req.run_id,
+def _head(req: ShardRequest) -> dict:
+    return {"v": VERSION, "spec": req.spec.to_dict(), "slot": req.slot, "run_id": req.run_id,
             "seed": req.seed, "round": req.round, "key": np.asarray(req.key, np.uint32),
-            "params": _to_host(req.params),
             "actor": None if req.actor is None else _to_host(req.actor)}
-    return _pack(data, compress)
+
+
+def encode_request(req: ShardRequest, compress: bool = False) -> bytes:
+    return RequestEncoder(req.params, compress).encode(req)
+
+
+class RequestEncoder:
+    """Encodes a round's requests, packing (and deflating) the shared params once.
+
+    A request is a msgpack map; its `params` entry goes last, so each body is
+    the shard's own entries with the map header counting one more, then the
+    pre-packed `"params": ...` pair.
+    """
+
+    def __init__(self, params, compress: bool):
+        from flax import serialization
+
+        self.compress = compress
+        self._tail = (serialization.msgpack_serialize("params")
+                      + serialization.msgpack_serialize(_to_host(params)))
+        self._tail_z = deflate_piece(self._tail) if compress else None
+
+    @property
+    def params_bytes(self) -> int:
+        return len(self._tail_z if self.compress else self._tail)
+
+    def encode(self, req: ShardRequest) -> bytes:
+        from flax import serialization
+
+        head = serialization.msgpack_serialize(_head(req))
+        assert head[0] & 0xF0 == 0x80 and head[0] < 0x8F  # a fixmap with room for one more
+        head = bytes([head[0] + 1]) + head[1:]
+        if not self.compress:
+            return head + self._tail
+        return deflate_piece(head) + self._tail_z + _FINAL_EMPTY_BLOCK
 
 
 def decode_request_head(body: bytes, compressed: bool, max_bytes: int):
     """The untrusted body as `(spec, data)`: the spec checked, the arrays not yet."""
     data = _unpack(body, compressed, max_bytes)
     if data.get("v") != VERSION:
-        raise ShardError(f"v: expected wire version {VERSION}, got {data.get('v')!r}")
+        raise MalformedBody(f"v: expected wire version {VERSION}, got {data.get('v')!r}")
     return ShardSpec.from_dict(data.get("spec")), data
 
 

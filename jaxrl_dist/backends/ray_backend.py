@@ -1,0 +1,262 @@
+"""Ray backend: one persistent actor per slot, spread over a Ray cluster's nodes.
+
+`backend.address` joins a running cluster (`"auto"`, `"host:port"`,
+`"ray://host:port"`); left null, the backend starts a single-node runtime
+bound to a loopback address and shuts it down on `close()`. A runtime that
+was already initialised in this process is reused and left running.
+
+Slot `s` runs on its own actor (`ShardActor`, a `shard.ShardWorker`), made
+the first time a round needs `s`; a round's new actors start together, so
+their imports and compiles overlap. An envpool slot's C++ state stays on its
+actor across rounds.
+
+Ray carries only opaque bytes in the `wire` format, never pickled objects of
+ours: each round the params are packed once and put in the object store
+(every shard gets the same reference), each shard gets its own request (spec,
+slot, key, the slot's state for gymnax) and answers with a response body the
+driver checks against the learner's templates. The actor checks the request
+against its own program's templates the same way.
+
+A shard that raises, or has not answered after `backend.shard_timeout`
+seconds, is run again with the same keys, up to `backend.max_retries` times;
+an actor that died (or timed out, and is killed) is replaced for its slot
+(an envpool slot's episodes restart there: the shard reports `reset`). A
+round whose shard still fails raises `BackendError` naming the slot.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import List, Optional
+
+import ray
+
+from jaxrl_dist.backends import (BackendError, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
+                                 bucket, stack_outputs)
+
+LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
+MAX_BODY = 1 << 31
+
+
+def _one_line(err: BaseException) -> str:
+    """A failure as one short line (Ray's task errors carry the remote traceback)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException):
+        err = cause
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}"
+
+
+def _actor_env() -> dict:
+    """Environment of the actor processes: JAX on CPU, the driver's XLA flags
+    (but its CPU device count: an actor runs one shard on one device)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if "xla_force_host_platform_device_count" not in f]
+    env = {"JAX_PLATFORMS": "cpu"}
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
+class ShardActor:
+    """The worker side: a `ShardWorker` behind bytes in, bytes out."""
+
+    def __init__(self):
+        from jaxrl_dist.shard import ShardWorker
+
+        ctx = ray.get_runtime_context()
+        self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
+                     f"/actor-{ctx.get_actor_id()[:12]}")
+        self.worker = ShardWorker(self.name)
+        self._templates = {}
+
+    def ping(self) -> str:
+        return self.name
+
+    def _program(self, spec, slot: int, seed: int):
+        prog = self.worker.program(spec, slot, seed)
+        if spec not in self._templates:
+            self._templates[spec] = (prog.params_template(), prog.actor_template())
+        return prog, self._templates[spec]
+
+    def run(self, params_body: bytes, request_body: bytes) -> bytes:
+        """Decode (and check) a shard request plus the round's params, run it, encode the reply."""
+        from jaxrl_dist import wire
+
+        received = time.time()
+        spec, data = wire.decode_request_head(request_body, False, MAX_BODY)
+        shared = wire._unpack(params_body, False, MAX_BODY)
+        if shared.get("v") != wire.VERSION:
+            raise wire.ShardError(f"params.v: expected wire version {wire.VERSION}")
+        data["params"] = shared.get("params")
+        seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
+        slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
+        _, (params_t, actor_t) = self._program(spec, slot, seed)
+        req = wire.decode_request(spec, data, params_t, actor_t)
+        out, timings, reset = self.worker.run(spec, req.params, req.actor, req.key, req.slot,
+                                              req.run_id, req.seed, received)
+        return wire.encode_response(req.slot, out, timings, reset, self.name)
+
+
+def encode_params(params) -> bytes:
+    """A round's params as one msgpack body, shared by all its shards."""
+    from jaxrl_dist import wire
+
+    return wire._pack({"v": wire.VERSION, "params": wire._to_host(params)}, False)
+
+
+class RayBackend:
+    name = "ray"
+    actor_class = ShardActor  # what each slot's actor runs (a subclass may override)
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self._actors: dict = {}  # slot -> actor handle
+        self._owns_runtime = False
+        self.job: Optional[Job] = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self, job: Job) -> None:
+        from jaxrl_dist import wire
+
+        self.job = job
+        self._templates = wire.output_templates(job.program)
+        self._connect()
+        self._remote = ray.remote(self.actor_class)
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        cfg = self.cfg
+        env = _actor_env()
+        if cfg.address:
+            ray.init(address=cfg.address, runtime_env={"env_vars": env},
+                     logging_level="warning", log_to_driver=True)
+        else:
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
+            cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
+            ray.init(_node_ip_address=LOOPBACK_IP, include_dashboard=False, num_cpus=cpus,
+                     runtime_env={"env_vars": env}, logging_level="warning",
+                     log_to_driver=True)
+        self._owns_runtime = True
+
+    def close(self) -> None:
+        if ray.is_initialized():
+            for actor in self._actors.values():
+                ray.kill(actor, no_restart=True)
+        self._actors.clear()
+        if self._owns_runtime and ray.is_initialized():
+            ray.shutdown()
+        self._owns_runtime = False
+
+    # -- actors ------------------------------------------------------------
+
+    def _new_actor(self, slot: int):
+        actor = self._remote.options(num_cpus=self.cfg.num_cpus, scheduling_strategy="SPREAD",
+                                     max_restarts=0, max_task_retries=0,
+                                     name=None).remote()
+        self._actors[slot] = actor
+        return actor
+
+    def _actor(self, slot: int):
+        actor = self._actors.get(slot)
+        return actor if actor is not None else self._new_actor(slot)
+
+    def _replace(self, slot: int):
+        old = self._actors.pop(slot, None)
+        if old is not None:
+            ray.kill(old, no_restart=True)
+        return self._new_actor(slot)
+
+    def actors(self) -> dict:
+        """Slot -> actor handle of the actors made so far."""
+        return dict(self._actors)
+
+    # -- rounds ------------------------------------------------------------
+
+    def run_round(self, round_: int, params, tasks: List[ShardTask],
+                  table: Optional[SlotTable]) -> RoundResult:
+        from jaxrl_dist import wire
+
+        cfg, job = self.cfg, self.job
+        n = len(tasks)
+        t0 = time.perf_counter()
+        params_body = encode_params(params)
+        bodies = []
+        for t in tasks:
+            actor = None if job.spec.sticky else table.get(t.slot)
+            req = wire.ShardRequest(job.spec, t.slot, t.key, None, actor, job.run_id, job.seed,
+                                    round_)
+            bodies.append(wire.encode_request(req))
+        transfer = time.perf_counter() - t0
+        params_ref = ray.put(params_body)
+        sent = len(params_body)
+
+        pending, deadlines = {}, {}  # ref -> task index; task index -> deadline
+        tries = [0] * n
+
+        def submit(i: int, actor=None):
+            nonlocal sent
+            actor = actor or self._actor(tasks[i].slot)
+            ref = actor.run.remote(params_ref, bodies[i])
+            pending[ref] = i
+            deadlines[i] = time.perf_counter() + cfg.shard_timeout
+            sent += len(bodies[i])
+
+        def failed(i: int, why: str, dead: bool):
+            slot = tasks[i].slot
+            if tries[i] >= cfg.max_retries:
+                raise BackendError(f"ray shard for slot {slot} failed after {tries[i] + 1} "
+                                   f"tries: {why}")
+            tries[i] += 1
+            submit(i, self._replace(slot) if dead else None)
+
+        for i in range(n):
+            submit(i)
+        t1 = time.perf_counter()
+
+        replies, received = [None] * n, 0
+        while pending:
+            now = time.perf_counter()
+            refs = list(pending)
+            wait = max(0.0, min(deadlines[pending[r]] for r in refs) - now)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    body = ray.get(ref)
+                except ray.exceptions.RayActorError as err:
+                    failed(i, _one_line(err), dead=True)
+                    continue
+                except ray.exceptions.RayError as err:
+                    failed(i, _one_line(err), dead=False)
+                    continue
+                td = time.perf_counter()
+                try:
+                    reply = wire.decode_response(body, False, self._templates)
+                    if reply.slot != tasks[i].slot:
+                        raise wire.ShardError(f"slot: expected {tasks[i].slot}, got {reply.slot}")
+                except wire.ShardError as err:
+                    transfer += time.perf_counter() - td
+                    failed(i, f"bad response: {err}", dead=False)
+                    continue
+                transfer += time.perf_counter() - td
+                replies[i], received = reply, received + len(body)
+            now = time.perf_counter()
+            for ref, i in list(pending.items()):
+                if deadlines[i] <= now:
+                    del pending[ref]  # its actor is killed; the late answer is dropped
+                    failed(i, f"no answer after {cfg.shard_timeout:g} s", dead=True)
+        t2 = time.perf_counter()
+
+        outputs = [r.output for r in replies]
+        traj, boot = stack_outputs(outputs, bucket(n, cfg.max_shards))
+        if not job.spec.sticky:
+            table.put([t.slot for t in tasks], [o.actor for o in outputs])
+        shards = [ShardInfo(t.slot, r.timings, r.reset, tries[i], r.worker)
+                  for i, (t, r) in enumerate(zip(tasks, replies))]
+        stats = {"dispatch_s": t1 - t0, "transfer_s": transfer, "wait_s": t2 - t1,
+                 "bytes_sent": sent, "bytes_received": received}
+        return RoundResult(traj, boot, shards, stats)
