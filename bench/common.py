@@ -61,10 +61,11 @@ def _library_hash() -> str:
 def machine_info() -> dict:
     """Device, host, versions and source revision of this measurement."""
     devices = jax.devices()
+    commit = _git("rev-parse", "--short", "HEAD")  # "" where the tree came without .git
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "--short", "HEAD"),
-        "library_dirty": bool(_git("status", "--porcelain", "--", "jaxrl_dist")),
+        "commit": commit,
+        "library_dirty": bool(_git("status", "--porcelain", "--", "jaxrl_dist")) if commit else None,
         "library_hash": _library_hash(),
         "platform": jax.default_backend(),
         "devices": [str(d) for d in devices],

@@ -365,6 +365,8 @@ def parse_args(argv=None):
                    help="comma list of modes to run (numpy, raw, rollout, train); default all")
     p.add_argument("--num-envs", default="",
                    help="comma list of per-seed env counts to run; default all")
+    p.add_argument("--skip-seeds", action="store_true",
+                   help="run no seed-scaling case (--only ENV_ID selects that env's too)")
     p.add_argument("--max-other-cpu", type=float, default=0.15,
                    help="measure again when other processes used more than this share of the CPU")
     p.add_argument("--retries", type=int, default=2, help="at most this many such re-measurements")
@@ -407,7 +409,8 @@ def run_all(opts, data: dict) -> dict:
     env_cases, seed_cases = cases(opts.quick)
     done = {row_key(r) for r in data["results"] + data["seed_scaling"]}
     for section, case_list in (("results", selected(env_cases, opts.only)),
-                               ("seed_scaling", selected(seed_cases, opts.only, "seeds"))):
+                               ("seed_scaling", [] if opts.skip_seeds
+                                else selected(seed_cases, opts.only, "seeds"))):
         for case in filtered(case_list, opts):
             data[section] += run_case(case, opts, done)
             write_json(opts.out, finish(data))
