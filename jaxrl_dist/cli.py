@@ -42,6 +42,8 @@ _SERVE_EPILOG = """\
 The port is $PORT when set (the Cloud Run / Knative / Container Apps contract),
 else --port, else serve.port. A token is required: --token, serve.token or
 $JAXRL_DIST_TOKEN; serve.token='' serves without authentication.
+$JAXRL_DIST_ALLOWED_ENVS (comma-separated ids) and $JAXRL_DIST_MAX_BODY_MB set
+serve.allowed_envs and serve.max_body_mb; overrides and flags win over them.
 
 examples:
   JAXRL_DIST_TOKEN=secret jaxrl-dist serve --port 8001
@@ -168,7 +170,12 @@ def _serve(args) -> int:
     bad = [o for o in args.overrides if not o.lstrip("+").startswith("serve.")]
     if bad:
         raise CliConfigError(f"bad override '{bad[0]}': serve takes serve.* keys only")
-    cfg = load_config(args.overrides).serve
+    from jaxrl_dist.serve import config_from_env
+
+    try:
+        cfg = config_from_env(load_config(args.overrides).serve)  # the environment, then flags
+    except ValueError as err:
+        raise CliConfigError(str(err)) from err
     changes = {k: v for k, v in (("host", args.host), ("port", args.port), ("token", args.token))
                if v is not None}
     cfg = dataclasses.replace(cfg, **changes)

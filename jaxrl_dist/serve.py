@@ -90,7 +90,8 @@ class ServeApp:
         if path == "/healthz":
             if method != "GET":
                 raise HttpError(405, f"method {method} not allowed on /healthz")
-            return 200, _json({"status": "ok", "served": self.served}), []
+            return 200, _json({"status": "ok", "served": self.served,
+                               "compiled": self.worker.compiled()}), []
         if path != "/v1/rollout":
             raise HttpError(404, f"no route {path}")
         if method != "POST":
@@ -180,19 +181,27 @@ def create_app(cfg: ServeConfig = ServeConfig(), token: Optional[str] = None) ->
     return ServeApp(cfg, resolve_token(token if token is not None else cfg.token))
 
 
-def app_from_env() -> ServeApp:
-    """The app configured from the environment, for containers and AWS Lambda:
-    `JAXRL_DIST_TOKEN`, `JAXRL_DIST_ALLOWED_ENVS` (comma-separated),
-    `JAXRL_DIST_MAX_BODY_MB`."""
+def config_from_env(cfg: ServeConfig = ServeConfig()) -> ServeConfig:
+    """`cfg` with what the container's environment sets: `JAXRL_DIST_ALLOWED_ENVS`
+    (comma-separated ids) and `JAXRL_DIST_MAX_BODY_MB`."""
     import dataclasses
 
-    cfg = ServeConfig()
     allowed = os.environ.get("JAXRL_DIST_ALLOWED_ENVS")
     if allowed:
         cfg = dataclasses.replace(cfg, allowed_envs=tuple(a.strip() for a in allowed.split(",") if a.strip()))
-    if os.environ.get("JAXRL_DIST_MAX_BODY_MB"):
-        cfg = dataclasses.replace(cfg, max_body_mb=float(os.environ["JAXRL_DIST_MAX_BODY_MB"]))
-    return create_app(cfg)
+    limit = os.environ.get("JAXRL_DIST_MAX_BODY_MB")
+    if limit:
+        try:
+            cfg = dataclasses.replace(cfg, max_body_mb=float(limit))
+        except ValueError:
+            raise ValueError(f"JAXRL_DIST_MAX_BODY_MB: expected a number, got {limit!r}") from None
+    return cfg
+
+
+def app_from_env() -> ServeApp:
+    """The app configured from the environment alone, for containers and AWS Lambda
+    (`JAXRL_DIST_TOKEN` too)."""
+    return create_app(config_from_env())
 
 
 def serve(cfg: ServeConfig) -> None:

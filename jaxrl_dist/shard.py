@@ -252,6 +252,10 @@ class ShardWorker:
                 self._programs[key] = ShardProgram(spec, env_seed + (slot if spec.sticky else 0))
             return self._programs[key]
 
+    def compiled(self) -> int:
+        """Compiled rollout executables held (one per spec and shapes)."""
+        return sum(fn._cache_size() for p in list(self._programs.values()) for fn in p._stacked.values())
+
     def run(self, spec: ShardSpec, params, actor: Optional[ActorState], key, slot: int,
             run_id: str = "", seed: int = 0, received: Optional[float] = None):
         """Run one shard; returns `(ShardOutput, Timings, reset)`.

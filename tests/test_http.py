@@ -1,0 +1,262 @@
+"""The actor function over real HTTP: a `jaxrl-dist serve` subprocess on loopback.
+
+Request validation (401, 413, 400, 422, the server still answering), the
+warm-instance compile cache, and the HTTP backend's retries, timeouts and
+failure handling.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import httpx
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_dist import shard, wire
+from jaxrl_dist.config import from_dict
+from serving import TOKEN, Server, free_port
+
+AUTH = {"authorization": f"Bearer {TOKEN}", "content-type": "application/msgpack"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("serve.max_body_mb=1", "serve.allowed_envs=[CartPole-v1,Pendulum-v1]")
+    yield s
+    s.stop()
+
+
+def make_request(env_id="CartPole-v1", slot=2):
+    cfg = from_dict({"env": {"id": env_id}, "backend": {"name": "local", "envs_per_shard": 4},
+                     "algo": {"num_steps": 16, "num_minibatches": 2}})
+    spec = shard.spec_from_config(cfg, "gymnax", env_id == "Pendulum-v1")
+    prog = shard.ShardProgram(spec)
+    params = prog.network.init(jax.random.key(0), np.zeros((1,) + prog.env.spec.obs_shape, np.float32))
+    actor = prog.init_slot(shard.slot_init_key(0, slot))
+    req = wire.ShardRequest(spec, slot, shard.shard_key(0, 1, slot), params, actor, "t", 0, 1)
+    return prog, req
+
+
+def post(server, body, headers=AUTH):
+    return httpx.post(server.url + "/v1/rollout", content=body, headers=headers, timeout=60)
+
+
+def test_rollout_matches_the_local_worker_and_reports_billing(server):
+    prog, req = make_request()
+    for compress in (False, True):
+        headers = dict(AUTH, **({"content-encoding": "deflate", "accept-encoding": "deflate"}
+                                if compress else {}))
+        resp = post(server, wire.encode_request(req, compress), headers)
+        assert resp.status_code == 200, resp.text
+        reply = wire.decode_response(resp.content, False, wire.output_templates(prog))
+        local = prog.run_one(req.params, req.actor, req.key)
+        same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                            (reply.output.traj, reply.output.actor, reply.output.bootstrap),
+                            (local.traj, local.actor, local.bootstrap))
+        assert all(jax.tree.leaves(same))
+        t = reply.timings
+        assert t.received <= t.started <= t.finished and t.billed >= t.finished - t.received - 1e-3
+        assert reply.slot == req.slot and reply.worker.startswith("serve:")
+
+
+def test_a_warm_instance_does_not_recompile(server):
+    _, req = make_request(slot=5)
+    assert post(server, wire.encode_request(req)).status_code == 200
+    before = httpx.get(server.url + "/healthz").json()["compiled"]
+    req = req._replace(key=shard.shard_key(0, 9, 5), round=9)
+    assert post(server, wire.encode_request(req)).status_code == 200
+    assert httpx.get(server.url + "/healthz").json()["compiled"] == before
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer nope"},
+                                     {"authorization": f"Basic {TOKEN}"}])
+def test_missing_or_wrong_token_is_401(server, headers):
+    _, req = make_request()
+    resp = post(server, wire.encode_request(req), headers)
+    assert resp.status_code == 401 and "authorization" in resp.json()["error"]
+
+
+def test_bodies_over_the_limit_are_413(server):
+    assert post(server, b"\0" * (2 << 20)).status_code == 413
+    bomb = wire.deflate(b"\0" * (8 << 20))  # small on the wire, 8 MB inflated
+    assert len(bomb) < 1 << 20
+    resp = post(server, bomb, dict(AUTH, **{"content-encoding": "deflate"}))
+    assert resp.status_code == 413 and "inflates" in resp.json()["error"]
+
+
+@pytest.mark.parametrize("body,headers,word", [
+    (b"\xc1 not msgpack", AUTH, "msgpack"),
+    (b"garbage", dict(AUTH, **{"content-encoding": "deflate"}), "deflate"),
+    (b"x", dict(AUTH, **{"content-encoding": "br"}), "content-encoding"),
+])
+def test_malformed_bodies_are_400(server, body, headers, word):
+    resp = post(server, body, headers)
+    assert resp.status_code == 400 and word in resp.json()["error"]
+
+
+def _corrupt(req, path):
+    prog, req = req
+    if path == "params":
+        params = jax.tree.map(lambda x: x, req.params)
+        leaf = params["params"]["MLP_0"]["Dense_0"]["kernel"]
+        params["params"]["MLP_0"]["Dense_0"]["kernel"] = np.zeros((leaf.shape[0] + 1, leaf.shape[1]), np.float32)
+        return req._replace(params=params)
+    if path == "dtype":
+        return req._replace(actor=req.actor._replace(obs=np.asarray(req.actor.obs, np.float64)))
+    raise ValueError(path)
+
+
+@pytest.mark.parametrize("case,word", [("params", "params"), ("dtype", "actor")])
+def test_wrong_shapes_or_dtypes_are_422(server, case, word):
+    req = _corrupt(make_request(), case)
+    resp = post(server, wire.encode_request(req))
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["error"].startswith(word)
+
+
+def test_bad_fields_and_disallowed_envs_are_422(server):
+    from flax import serialization
+
+    _, req = make_request()
+    data = serialization.msgpack_restore(wire.encode_request(req))
+    data["spec"]["num_envs"] = "four"
+    resp = post(server, serialization.msgpack_serialize(data))
+    assert resp.status_code == 422 and "spec.num_envs" in resp.json()["error"]
+    data["spec"]["num_envs"], data["spec"]["env_id"] = 4, "Acrobot-v1"
+    resp = post(server, serialization.msgpack_serialize(data))
+    assert resp.status_code == 422 and "allowed_envs" in resp.json()["error"]
+    del data["key"]
+    data["spec"]["env_id"] = "CartPole-v1"
+    resp = post(server, serialization.msgpack_serialize(data))
+    assert resp.status_code == 422 and resp.json()["error"].startswith("key")
+
+
+def test_server_still_answers_after_bad_requests(server):
+    assert server.healthy()
+    _, req = make_request()
+    assert post(server, wire.encode_request(req)).status_code == 200
+
+
+# ---------------------------------------------------------------------------
+# The HTTP backend against real servers: retries, timeouts, every endpoint down.
+# ---------------------------------------------------------------------------
+
+def tiny(run_dir, urls, **backend):
+    return from_dict({
+        "algo": {"total_timesteps": 4 * 16 * 2 * 4, "num_steps": 16, "num_minibatches": 2,
+                 "update_epochs": 2},
+        "backend": {"name": "http", "urls": urls, "token": TOKEN, "envs_per_shard": 4,
+                    "max_shards": 4, **backend},
+        "scheduler": {"num_shards": 2},
+        "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
+    })
+
+
+@pytest.fixture(scope="module")
+def local_digest(tmp_path_factory):
+    from jaxrl_dist.runner import train
+
+    cfg = tiny(tmp_path_factory.mktemp("local"), ["http://127.0.0.1:1"])
+    cfg = from_dict({**json.loads(json.dumps(_plain(cfg))), "backend": {
+        **_plain(cfg)["backend"], "name": "local"}})
+    return train(cfg)["params_sha256"]
+
+
+def _plain(cfg):
+    from jaxrl_dist.config import to_dict
+
+    return to_dict(cfg)
+
+
+class SilentServer:
+    """Accepts connections on loopback and never answers: a hung function."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_dead_and_hung_endpoints_are_retried_elsewhere(server, tmp_path, local_digest):
+    from jaxrl_dist.runner import train
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    hung = SilentServer()
+    try:
+        # slot 0 tries the dead endpoint first, slot 1 the hung one; both retry on the live one
+        cfg = tiny(tmp_path, [dead, hung.url, server.url], shard_timeout=2.0, max_retries=2)
+        summary = train(cfg)
+    finally:
+        hung.close()
+    assert summary["retries"] >= 4  # 2 shards x 2 rounds (at least) went elsewhere
+    assert summary["params_sha256"] == local_digest
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["retries"] >= 2 and r["num_shards"] == 2 for r in records)
+
+
+def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
+    """Kill the only function mid-run: the run stops with one line after its
+    retries, its last checkpoint is intact, and resuming it against a new
+    instance ends with the very parameters an uninterrupted run gets."""
+    from jaxrl_dist.runner import train
+    from test_cli import command
+
+    port = free_port()
+    live = Server(port=port)
+    overrides = [f"backend.urls=[{live.url}]", f"backend.token={TOKEN}", "backend.max_retries=1",
+                 "backend.envs_per_shard=4", "backend.max_shards=4", "scheduler.num_shards=2",
+                 "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=2",
+                 "algo.total_timesteps=25600", "run.checkpoint_every=2",
+                 "run.progress=false", "run.tensorboard=false"]
+    run_dir = tmp_path / "http"
+    proc = subprocess.Popen(command() + ["train", "backend=http", f"run.dir={run_dir}"] + overrides,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.1)
+    live.stop()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: shard slot") and f"run.resume={run_dir}" in line
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] >= 4 and steps[-1] % 2 == 0 and steps[-1] < 200
+
+    live = Server(port=port)
+    try:
+        out = subprocess.run(command() + ["train", f"run.resume={run_dir}", "run.progress=false"],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        live.stop()
+    assert out.returncode == 0, out.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["rounds"] == 200 and resumed["resumed_at_update"] == steps[-1]
+
+    from jaxrl_dist.cli import load_config
+
+    local = load_config(["backend=local", f"run.dir={tmp_path / 'local'}"] + overrides)
+    assert train(local)["params_sha256"] == resumed["params_sha256"]
