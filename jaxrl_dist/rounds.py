@@ -104,7 +104,9 @@ class RoundState(NamedTuple):
     round: Any
 
 
-def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict) -> dict:
+def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
+    """One round's metrics. `seen`: slots that ran in earlier rounds of this process;
+    a worker resetting one of those lost its envs (a first run is no loss)."""
     durations = [s.timings.finished - s.timings.started for s in result.shards]
     rec = {"update": r, "round": r, "env_steps": env_steps, "num_shards": n,
            "return": nan_to_none(metrics["return_mean"])}
@@ -117,7 +119,7 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict) 
                 "bytes_sent": int(result.stats["bytes_sent"]),
                 "bytes_received": int(result.stats["bytes_received"]),
                 "retries": sum(s.retries for s in result.shards),
-                "slot_resets": sum(bool(s.reset) for s in result.shards),
+                "slot_resets": sum(bool(s.reset) and s.slot in seen for s in result.shards),
                 "sps": n * times["steps_per_shard"] / times["round"],
                 "episode_return_sum": [float(metrics["episode_return_sum"])],
                 "episodes": [float(metrics["episodes"])]})
@@ -157,7 +159,7 @@ class RoundTrainer:
         train, table = self.state.train, SlotTable(self.state.table) if self.state.table is not None else None
         r = int(self.state.round)
         env_steps = sum(rec["num_shards"] for rec in history) * learner.steps_per_shard
-        records = []
+        records, seen = [], set()
         try:
             while not self._done(env_steps):
                 t0 = time.perf_counter()
@@ -172,7 +174,8 @@ class RoundTrainer:
                 t2 = time.perf_counter()
                 r, env_steps = r + 1, env_steps + n * learner.steps_per_shard
                 times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
-                rec = _round_record(r, n, env_steps, result, metrics, times)
+                rec = _round_record(r, n, env_steps, result, metrics, times, seen)
+                seen.update(s.slot for s in result.shards)
                 logger.log([rec])
                 records.append(rec)
                 every = cfg.run.checkpoint_every

@@ -210,7 +210,13 @@ class ShardProgram:
         return self._params_template
 
     def actor_template(self):
-        """Shapes and dtypes of one slot's state (traced once, then cached)."""
+        """Shapes and dtypes of one slot's state (traced once, then cached).
+
+        None for sticky specs: their state never travels, and tracing the
+        init would reset (and so reseed) the live envpool envs.
+        """
+        if self.spec.sticky:
+            return None
         if not hasattr(self, "_actor_template"):
             self._actor_template = jax.eval_shape(self.init_slot, rng.key(0))
         return self._actor_template

@@ -223,7 +223,10 @@ def decode_response(body: bytes, compressed: bool, templates: ShardOutput,
 
 def output_templates(program, sticky: Optional[bool] = None) -> ShardOutput:
     """Shapes and dtypes of a shard's output, for checking responses."""
-    params, actor = program.params_template(), program.actor_template()
+    params = program.params_template()
+    # a sticky program's slot state is only traced here, never initialised
+    actor = jax.eval_shape(program.init_slot, jax.random.key(0)) if program.spec.sticky \
+        else program.actor_template()
     out = jax.eval_shape(program.run_one, params, actor, np.zeros(2, np.uint32))
     sticky = program.spec.sticky if sticky is None else sticky
     return out._replace(actor=None if sticky else out.actor)

@@ -260,3 +260,49 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
 
     local = load_config(["backend=local", f"run.dir={tmp_path / 'local'}"] + overrides)
     assert train(local)["params_sha256"] == resumed["params_sha256"]
+
+
+def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
+    """envpool keeps a slot's envs on the instance that runs it: slot s goes to
+    endpoint s % 2. Same params as the local backend; when an instance dies its
+    slot moves to the other one, which resets that slot's envs and says so."""
+    from jaxrl_dist.backends import Job, ShardTask
+    from jaxrl_dist.backends.http import HttpBackend
+    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.rounds import init_train, make_learner
+    from jaxrl_dist.runner import train
+    from jaxrl_dist.shard import ShardProgram, round_keys, spec_from_config
+
+    a, b = Server(), Server()
+    try:
+        over = ["env.id=CartPole-v1", "env.suite=envpool", "backend.envs_per_shard=4",
+                "backend.max_shards=2", "scheduler.num_shards=2", "algo.num_steps=16",
+                "algo.num_minibatches=2", "algo.update_epochs=2", "algo.total_timesteps=640",
+                "run.progress=false", "run.tensorboard=false", "run.compile_cache=false"]
+        http = train(load_config(["backend=http", f"backend.urls=[{a.url},{b.url}]",
+                                  f"backend.token={TOKEN}", f"run.dir={tmp_path / 'h'}"] + over))
+        local = train(load_config(["backend=local", f"run.dir={tmp_path / 'l'}"] + over))
+        assert http["params_sha256"] == local["params_sha256"] and http["slot_resets"] == 0
+
+        cfg = load_config(["backend=http", f"backend.urls=[{a.url},{b.url}]", f"backend.token={TOKEN}",
+                           "backend.shard_timeout=10"] + over)
+        program = ShardProgram(spec_from_config(cfg, "envpool", False))
+        params = init_train(make_learner(cfg, program, 2.0), 0).params
+        backend = HttpBackend(cfg.backend)
+        backend.start(Job(program.spec, 0, "sticky", program))
+        try:
+            for r in range(3):
+                if r == 2:
+                    b.stop()
+                keys, _ = round_keys(0, r, np.arange(2))
+                result = backend.run_round(r, params, [ShardTask(s, keys[s]) for s in range(2)], None)
+                info = {s.slot: s for s in result.shards}
+                assert info[0].worker.startswith(a.url) and not info[0].reset == (r > 0)
+                if r < 2:
+                    assert info[1].worker.startswith(b.url) and info[1].reset == (r == 0)
+            assert info[1].worker.startswith(a.url) and info[1].reset and info[1].retries == 1
+        finally:
+            backend.close()
+    finally:
+        a.stop()
+        b.stop()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import List, Optional
 
 import ray
@@ -48,21 +49,34 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[:300]}"
 
 
-def _actor_env() -> dict:
-    """Environment of the actor processes: JAX on CPU, the driver's XLA flags
-    (but its CPU device count: an actor runs one shard on one device)."""
+def _actor_setup() -> dict:
+    """What an actor process sets before its JAX starts: CPU only, the driver's
+    XLA flags (less its CPU device count: an actor runs one shard on one
+    device) and its persistent compile cache, if any (a path on each node)."""
+    import sys
+
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if "xla_force_host_platform_device_count" not in f]
-    env = {"JAX_PLATFORMS": "cpu"}
-    if flags:
-        env["XLA_FLAGS"] = " ".join(flags)
-    return env
+    setup = {"env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}, "config": {}}
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.config.jax_compilation_cache_dir:
+        setup["config"] = {name: getattr(jax.config, name) for name in (
+            "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")}
+    return setup
 
 
 class ShardActor:
     """The worker side: a `ShardWorker` behind bytes in, bytes out."""
 
-    def __init__(self):
+    def __init__(self, setup: dict):
+        # Ray passes the driver's setup as plain data; this process has not started JAX yet
+        os.environ.update(setup["env"])
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+        for name, value in setup["config"].items():
+            jax.config.update(name, value)
         from jaxrl_dist.shard import ShardWorker
 
         ctx = ray.get_runtime_context()
@@ -125,21 +139,22 @@ class RayBackend:
         self._templates = wire.output_templates(job.program)
         self._connect()
         self._remote = ray.remote(self.actor_class)
+        self._setup = _actor_setup()
 
     def _connect(self) -> None:
         if ray.is_initialized():
             return
         cfg = self.cfg
-        env = _actor_env()
-        if cfg.address:
-            ray.init(address=cfg.address, runtime_env={"env_vars": env},
-                     logging_level="warning", log_to_driver=True)
-        else:
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
-            cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
-            ray.init(_node_ip_address=LOOPBACK_IP, include_dashboard=False, num_cpus=cpus,
-                     runtime_env={"env_vars": env}, logging_level="warning",
-                     log_to_driver=True)
+        with warnings.catch_warnings():
+            # JAX warns about fork; Ray's fork is a subprocess's fork + exec
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+            if cfg.address:
+                ray.init(address=cfg.address, logging_level="warning")
+            else:
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
+                cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
+                ray.init(_node_ip_address=LOOPBACK_IP, include_dashboard=False, num_cpus=cpus,
+                         logging_level="warning")
         self._owns_runtime = True
 
     def close(self) -> None:
@@ -155,8 +170,7 @@ class RayBackend:
 
     def _new_actor(self, slot: int):
         actor = self._remote.options(num_cpus=self.cfg.num_cpus, scheduling_strategy="SPREAD",
-                                     max_restarts=0, max_task_retries=0,
-                                     name=None).remote()
+                                     max_restarts=0, max_task_retries=0).remote(self._setup)
         self._actors[slot] = actor
         return actor
 
