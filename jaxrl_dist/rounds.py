@@ -104,6 +104,23 @@ class RoundState(NamedTuple):
     round: Any
 
 
+def busy_seconds(shards) -> float:
+    """The busiest worker's compute time in a round: per worker, the length of
+    the union of its shards' [started, finished] intervals (shards a worker ran
+    together count once), then the max over workers."""
+    by_worker: dict = {}
+    for s in shards:
+        by_worker.setdefault(s.worker, []).append((s.timings.started, s.timings.finished))
+    best = 0.0
+    for spans in by_worker.values():
+        total, end = 0.0, float("-inf")
+        for a, b in sorted(spans):
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        best = max(best, total)
+    return best
+
+
 def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
     """One round's metrics. `seen`: slots that ran in earlier rounds of this process;
     a worker resetting one of those lost its envs (a first run is no loss)."""
@@ -113,7 +130,8 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, 
     rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
     rec.update({"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
                 "shard_s_max": max(durations),
-                "billed_s": float(sum(s.timings.billed for s in result.shards))})
+                "billed_s": float(sum(s.timings.billed for s in result.shards)),
+                "busy_s": busy_seconds(result.shards)})
     rec.update({k: float(v) for k, v in result.stats.items() if k.endswith("_s")})
     rec.update({"learn_s": times["learn"], "round_s": times["round"],
                 "bytes_sent": int(result.stats["bytes_sent"]),

@@ -213,3 +213,62 @@ def serve(cfg: ServeConfig) -> None:
     if app.token is None:
         print("warning: serving without authentication (serve.token is empty)", flush=True)
     uvicorn.run(app, host=cfg.host, port=port, log_level="warning", lifespan="on")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """`jaxrl-dist serve` in a subprocess on a loopback port, for tests, benchmarks
+    and experiments on one machine; `stop()` kills it."""
+
+    def __init__(self, *overrides: str, token: Optional[str] = None, port: int = 0,
+                 env: Optional[dict] = None, timeout: float = 60.0):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        script = Path(sys.executable).with_name("jaxrl-dist")
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
+        cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--token", token] if token is not None else []
+        self.proc = subprocess.Popen(cmd + list(overrides), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited: {self.proc.stdout.read().decode()[-2000:]}")
+            if self.healthy(1.0):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"serve on {self.url} did not answer /healthz in {timeout:.0f} s")
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=timeout) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
