@@ -20,3 +20,10 @@ def test_readme_library_example_runs(capsys):
     assert metrics["return_mean"].shape == (100_000 // 512, 1)
     assert np.isfinite(np.asarray(metrics["loss"])).all()
     assert capsys.readouterr().out.strip()
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"```bash\n(python3 -m venv .*?)\n```", README.read_text())
+    assert len(commands) == 2, commands  # the Quickstart's two commands
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci.splitlines()
