@@ -43,10 +43,11 @@ MAX_BODY = 1 << 31
 def _one_line(err: BaseException) -> str:
     """A failure as one short line (Ray's task errors carry the remote traceback)."""
     cause = getattr(err, "cause", None)
+    if type(cause) is RuntimeError:  # raised by `ShardActor.run`: the line is the message
+        return " ".join(str(cause).split())[:400]
     if isinstance(cause, BaseException):
         err = cause
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:300]}"
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
 def _actor_setup() -> dict:
@@ -88,14 +89,25 @@ class ShardActor:
     def ping(self) -> str:
         return self.name
 
-    def _program(self, spec, slot: int, seed: int):
-        prog = self.worker.program(spec, slot, seed)
+    def _templates_of(self, spec, slot: int, seed: int):
+        """`(params, actor)` templates of `spec`'s program, to check requests against."""
         if spec not in self._templates:
+            prog = self.worker.program(spec, slot, seed)
             self._templates[spec] = (prog.params_template(), prog.actor_template())
-        return prog, self._templates[spec]
+        return self._templates[spec]
 
     def run(self, params_body: bytes, request_body: bytes) -> bytes:
-        """Decode (and check) a shard request plus the round's params, run it, encode the reply."""
+        """Decode (and check) a shard request plus the round's params, run it, encode the reply.
+
+        A failure goes back as a builtin `RuntimeError` carrying one line, so
+        the driver unpickles none of this package's types.
+        """
+        try:
+            return self._run(params_body, request_body)
+        except Exception as err:
+            raise RuntimeError(f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+
+    def _run(self, params_body: bytes, request_body: bytes) -> bytes:
         from jaxrl_dist import wire
 
         received = time.time()
@@ -106,7 +118,7 @@ class ShardActor:
         data["params"] = shared.get("params")
         seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
         slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
-        _, (params_t, actor_t) = self._program(spec, slot, seed)
+        params_t, actor_t = self._templates_of(spec, slot, seed)
         req = wire.decode_request(spec, data, params_t, actor_t)
         out, timings, reset = self.worker.run(spec, req.params, req.actor, req.key, req.slot,
                                               req.run_id, req.seed, received)
@@ -153,8 +165,9 @@ class RayBackend:
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
-                ray.init(_node_ip_address=LOOPBACK_IP, include_dashboard=False, num_cpus=cpus,
-                         logging_level="warning")
+                # "local": a new runtime, never one that `ray start` or RAY_ADDRESS names
+                ray.init(address="local", _node_ip_address=LOOPBACK_IP, include_dashboard=False,
+                         num_cpus=cpus, logging_level="warning")
         self._owns_runtime = True
 
     def close(self) -> None:
@@ -222,8 +235,8 @@ class RayBackend:
         def failed(i: int, why: str, dead: bool):
             slot = tasks[i].slot
             if tries[i] >= cfg.max_retries:
-                raise BackendError(f"ray shard for slot {slot} failed after {tries[i] + 1} "
-                                   f"tries: {why}")
+                count = f"{tries[i] + 1} {'try' if tries[i] == 0 else 'tries'}"
+                raise BackendError(f"ray shard for slot {slot} failed after {count}: {why}")
             tries[i] += 1
             submit(i, self._replace(slot) if dead else None)
 

@@ -1,0 +1,257 @@
+"""The Ray backend on a real Ray runtime, bound to loopback addresses only.
+
+Small CartPole runs: the same seed and config train the same parameters as
+the local backend, a killed actor is replaced (its shard retried), failures
+end the round with `BackendError` naming the slot, and a two-node cluster
+(two `ray start` processes on 127.0.0.2 and 127.0.0.3) runs shards on both.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from jaxrl_dist import runner  # noqa: E402
+from jaxrl_dist.backends import BackendError, Job, ShardTask, make_backend  # noqa: E402
+from jaxrl_dist.backends.ray_backend import LOOPBACK_IP, RayBackend  # noqa: E402
+from jaxrl_dist.config import from_dict  # noqa: E402
+
+NUM_STEPS, SHARDS, ENVS = 16, 2, 4
+TIMESTEPS = SHARDS * ENVS * NUM_STEPS * 3  # three rounds
+
+
+@pytest.fixture(autouse=True)
+def _quiet_ray(monkeypatch):
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
+
+
+def config(backend: dict, **algo):
+    return from_dict({
+        "backend": {"max_shards": 4, "envs_per_shard": ENVS, **backend},
+        "scheduler": {"num_shards": SHARDS},
+        "algo": {"total_timesteps": TIMESTEPS, "num_steps": NUM_STEPS, **algo},
+        "run": {"progress": False, "tensorboard": False, "compile_cache": False},
+    })
+
+
+def train(cfg, tmp_path: Path, name: str) -> dict:
+    return runner.train(cfg, tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def local_summary(tmp_path_factory):
+    return train(config({"name": "local"}), tmp_path_factory.mktemp("local"), "run")
+
+
+def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path):
+    assert not ray.is_initialized()
+    summary = train(config({"name": "ray"}), tmp_path, "ray")
+    assert not ray.is_initialized()  # the backend shut down the runtime it started
+    assert summary["params_sha256"] == local_summary["params_sha256"]
+    assert summary["rounds"] == local_summary["rounds"] == 3
+    assert summary["retries"] == 0 and summary["slot_resets"] == 0
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").open()]
+    for rec in records:
+        assert rec["bytes_sent"] > 0 and rec["bytes_received"] > 0
+        assert rec["dispatch_s"] >= 0 and rec["wait_s"] > 0 and rec["transfer_s"] > 0
+
+
+# -- one loopback runtime for the backend-driven tests ------------------------
+
+
+def _parts(cfg):
+    """A job and its first rounds' inputs, built as the round trainer builds them."""
+    from jaxrl_dist.rounds import init_table, init_train, make_learner
+    from jaxrl_dist.shard import ShardProgram, spec_from_config
+
+    spec = spec_from_config(cfg, "gymnax", False)
+    program = ShardProgram(spec)
+    params = init_train(make_learner(cfg, program, SHARDS), cfg.seed).params
+    return Job(spec, cfg.seed, "test", program), params, lambda: init_table(program, cfg.seed, 4)
+
+
+def _tasks(cfg, round_: int, n: int = SHARDS):
+    from jaxrl_dist.shard import round_keys
+
+    keys, _ = round_keys(cfg.seed, round_, np.arange(n))
+    return [ShardTask(s, keys[s]) for s in range(n)]
+
+
+def _same(a, b):
+    import jax
+
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class TestOnARuntime:
+    """Rounds driven through `RayBackend` on a runtime this class starts (and the
+    backend must leave running)."""
+
+    @pytest.fixture(scope="class", autouse=True)
+    def runtime(self):
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        ray.init(address="local", _node_ip_address=LOOPBACK_IP, include_dashboard=False,
+                 num_cpus=4, logging_level="warning")
+        yield
+        ray.shutdown()
+
+    def test_a_killed_actor_is_replaced_and_its_shard_retried(self):
+        cfg = config({"name": "ray"})
+        job, params, new_table = _parts(cfg)
+        local, remote = make_backend(config({"name": "local"}).backend), RayBackend(cfg.backend)
+        local.start(job)
+        remote.start(job)
+        local_table, remote_table = new_table(), new_table()
+        try:
+            for round_ in range(2):
+                if round_ == 1:
+                    ray.kill(remote.actors()[1], no_restart=True)
+                tasks = _tasks(cfg, round_)
+                want = local.run_round(round_, params, tasks, local_table)
+                got = remote.run_round(round_, params, tasks, remote_table)
+                _same((want.traj, want.bootstrap), (got.traj, got.bootstrap))
+                _same(local_table.data, remote_table.data)
+                assert [s.slot for s in got.shards] == [0, 1]
+            assert [s.retries for s in got.shards] == [0, 1]
+            assert got.shards[0].worker != got.shards[1].worker
+            assert all(s.worker.startswith(LOOPBACK_IP + "/") for s in got.shards)
+        finally:
+            remote.close()
+            local.close()
+        assert ray.is_initialized()  # not the backend's runtime: left running
+
+    def test_a_failing_shard_ends_the_round_naming_its_slot(self):
+        cfg = config({"name": "ray", "max_retries": 0})
+        job, params, new_table = _parts(cfg)
+        other = config({"name": "ray"}, hidden_sizes=[8])  # the workers build another network
+        from jaxrl_dist.shard import spec_from_config
+
+        backend = RayBackend(cfg.backend)
+        backend.start(job._replace(spec=spec_from_config(other, "gymnax", False)))
+        try:
+            with pytest.raises(BackendError, match=r"slot 1 failed after 1 try") as err:
+                backend.run_round(0, params, _tasks(cfg, 0)[1:], new_table())
+        finally:
+            backend.close()
+        message = str(err.value)
+        assert "\n" not in message and "params" in message, message
+
+    def test_a_shard_past_its_timeout_is_retried_then_fails(self):
+        cfg = config({"name": "ray", "max_retries": 1, "shard_timeout": 0.05})
+        job, params, new_table = _parts(cfg)
+        backend = RayBackend(cfg.backend)
+        backend.start(job)
+        try:
+            with pytest.raises(BackendError, match=r"slot 0 failed after 2 tries: no answer after 0.05 s"):
+                backend.run_round(0, params, _tasks(cfg, 0, 1), new_table())
+        finally:
+            backend.close()
+
+
+# -- a two-node cluster ----------------------------------------------------------
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _stop(procs) -> None:
+    """Stop the `ray start` processes this test started, with their process groups."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 3
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # SIGTERM drains for up to 30 s; the group's processes go now
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+@pytest.fixture
+def two_nodes(tmp_path, monkeypatch):
+    """`127.0.0.2:PORT`: a head node and a worker node, 2 CPUs each, token auth on."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    port = _free_port(LOOPBACK_IP)
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # this driver joins with the token
+    reset_auth_token_state()
+    common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [ray_cli, "start", "--head", f"--node-ip-address={LOOPBACK_IP}", f"--port={port}",
+             "--include-dashboard=false", *common],
+            env=env, start_new_session=True, stdout=(tmp_path / "head.log").open("w"),
+            stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(
+            [ray_cli, "start", f"--address={LOOPBACK_IP}:{port}", "--node-ip-address=127.0.0.3",
+             *common],
+            env=env, start_new_session=True, stdout=(tmp_path / "worker.log").open("w"),
+            stderr=subprocess.STDOUT))
+        address = f"{LOOPBACK_IP}:{port}"
+        _wait_for_nodes(address, 2, procs, tmp_path)
+        yield address
+    finally:
+        _stop(procs)
+        current = Path("/tmp/ray/ray_current_cluster")  # ours only if it names our port
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink(missing_ok=True)
+
+
+def _wait_for_nodes(address: str, n: int, procs, tmp_path, timeout: float = 90.0) -> None:
+    """Block until `n` nodes are alive, checking from a short-lived driver."""
+    code = ("import sys, time, ray\n"
+            f"ray.init(address={address!r}, logging_level='error')\n"
+            f"end = time.time() + {timeout}\n"
+            f"while sum(x['Alive'] for x in ray.nodes()) < {n} and time.time() < end:\n"
+            "    time.sleep(0.2)\n"
+            f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout + 30, env=dict(os.environ, RAY_AUTH_MODE="token"))
+    if out.returncode != 0 or any(p.poll() is not None for p in procs):
+        logs = "".join((tmp_path / f).read_text()[-2000:] for f in ("head.log", "worker.log"))
+        pytest.fail(f"the two-node cluster did not come up:\n{out.stderr[-2000:]}\n{logs}")
+
+
+def test_ray_cluster_on_two_loopback_nodes(two_nodes, local_summary, tmp_path, monkeypatch):
+    assert not ray.is_initialized()
+    workers = set()
+    run_round = RayBackend.run_round
+
+    def recording(self, *args):
+        result = run_round(self, *args)
+        workers.update(s.worker for s in result.shards)
+        return result
+
+    monkeypatch.setattr(RayBackend, "run_round", recording)
+    cfg = config({"name": "ray", "address": two_nodes, "num_cpus": 2.0})  # one actor per node
+    summary = train(cfg, tmp_path, "ray")
+    assert not ray.is_initialized()
+    assert summary["params_sha256"] == local_summary["params_sha256"]
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").open()]
+    assert len(records) == 3
+    assert {w.split("/")[0] for w in workers} == {"127.0.0.2", "127.0.0.3"}, workers
