@@ -141,3 +141,42 @@ def test_round_trainer_config_errors_name_the_key():
         from_dict({"backend": {"name": "local"}, "num_seeds": 2})
     with pytest.raises(ConfigError, match="backend.envs_per_shard"):
         from_dict({"backend": {"name": "local", "envs_per_shard": 3}, "algo": {"num_minibatches": 4, "num_steps": 1}})
+
+
+def test_no_recompile_after_the_first_round(tmp_path):
+    """Learner, keys and the local shard call compile in round 1 only."""
+    import logging
+
+    from jaxrl_dist.rounds import RoundTrainer
+
+    events = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Compiling"):
+                events.append(("compile", record.getMessage()[:80]))
+
+    class Marks:
+        def log(self, records):
+            events.extend(("round", r["round"]) for r in records)
+
+    cfg = config("local", tmp_path, algo={"total_timesteps": 3 * 4 * 16 * 4})
+    trainer = RoundTrainer(cfg, tmp_path, False)
+    handler, logger = Compiles(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    jax.config.update("jax_log_compiles", True)
+    try:
+        trainer.run(Marks(), [])
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+        trainer.ckpt.close()
+    first = events.index(("round", 1))
+    assert any(kind == "compile" for kind, _ in events[:first])
+    assert [e for e in events[first:] if e[0] == "compile"] == []
+    assert [e[1] for e in events if e[0] == "round"] == [1, 2, 3, 4]
