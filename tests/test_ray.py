@@ -1,9 +1,10 @@
 """The Ray backend on a real Ray runtime, bound to loopback addresses only.
 
 Small CartPole runs: the same seed and config train the same parameters as
-the local backend, a killed actor is replaced (its shard retried), failures
-end the round with `BackendError` naming the slot, and a two-node cluster
-(two `ray start` processes on 127.0.0.2 and 127.0.0.3) runs shards on both.
+the local backend, a killed actor is replaced (its shard retried; an envpool
+slot restarts its envs), failures and timeouts end the round with
+`BackendError` naming the slot, and a two-node cluster (two `ray start`
+processes on 127.0.0.2 and 127.0.0.3) runs shards on both.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+# Ray starts its processes by fork + exec, which JAX's fork warning cannot tell apart
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
 from jaxrl_dist import runner  # noqa: E402
 from jaxrl_dist.backends import BackendError, Job, ShardTask, make_backend  # noqa: E402
@@ -70,12 +73,12 @@ def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path):
 # -- one loopback runtime for the backend-driven tests ------------------------
 
 
-def _parts(cfg):
+def _parts(cfg, suite: str = "gymnax"):
     """A job and its first rounds' inputs, built as the round trainer builds them."""
     from jaxrl_dist.rounds import init_table, init_train, make_learner
     from jaxrl_dist.shard import ShardProgram, spec_from_config
 
-    spec = spec_from_config(cfg, "gymnax", False)
+    spec = spec_from_config(cfg, suite, False)
     program = ShardProgram(spec)
     params = init_train(make_learner(cfg, program, SHARDS), cfg.seed).params
     return Job(spec, cfg.seed, "test", program), params, lambda: init_table(program, cfg.seed, 4)
@@ -132,6 +135,23 @@ class TestOnARuntime:
             local.close()
         assert ray.is_initialized()  # not the backend's runtime: left running
 
+    def test_a_replaced_envpool_actor_resets_its_slot(self):
+        """envpool slots live on their actor: its replacement starts that slot's envs afresh."""
+        pytest.importorskip("envpool")
+        cfg = config({"name": "ray"})
+        job, params, _ = _parts(cfg, "envpool")
+        backend = RayBackend(cfg.backend)
+        backend.start(job)
+        try:
+            first = backend.run_round(0, params, _tasks(cfg, 0), None)
+            assert [s.reset for s in first.shards] == [True, True]  # first sight of each slot
+            ray.kill(backend.actors()[0], no_restart=True)
+            again = backend.run_round(1, params, _tasks(cfg, 1), None)
+        finally:
+            backend.close()
+        assert [(s.slot, s.reset, s.retries) for s in again.shards] == [(0, True, 1), (1, False, 0)]
+        assert again.traj.obs.shape[:2] == (NUM_STEPS, SHARDS)
+
     def test_a_failing_shard_ends_the_round_naming_its_slot(self):
         cfg = config({"name": "ray", "max_retries": 0})
         job, params, new_table = _parts(cfg)
@@ -174,7 +194,7 @@ def _stop(procs) -> None:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 1
     for p in procs:
         try:
             p.wait(max(0.1, deadline - time.monotonic()))

@@ -210,17 +210,13 @@ class RayBackend:
         cfg, job = self.cfg, self.job
         n = len(tasks)
         t0 = time.perf_counter()
+        for t in tasks:  # new actors start side by side (imports, compiles)
+            self._actor(t.slot)
         params_body = encode_params(params)
-        bodies = []
-        for t in tasks:
-            actor = None if job.spec.sticky else table.get(t.slot)
-            req = wire.ShardRequest(job.spec, t.slot, t.key, None, actor, job.run_id, job.seed,
-                                    round_)
-            bodies.append(wire.encode_request(req))
         transfer = time.perf_counter() - t0
-        params_ref = ray.put(params_body)
+        params_ref = ray.put(params_body)  # once per round; every shard gets the reference
         sent = len(params_body)
-
+        bodies = [None] * n
         pending, deadlines = {}, {}  # ref -> task index; task index -> deadline
         tries = [0] * n
 
@@ -240,7 +236,12 @@ class RayBackend:
             tries[i] += 1
             submit(i, self._replace(slot) if dead else None)
 
-        for i in range(n):
+        for i, t in enumerate(tasks):  # each shard goes as soon as its request is encoded
+            te = time.perf_counter()
+            actor = None if job.spec.sticky else table.get(t.slot)
+            bodies[i] = wire.encode_request(wire.ShardRequest(
+                job.spec, t.slot, t.key, None, actor, job.run_id, job.seed, round_))
+            transfer += time.perf_counter() - te
             submit(i)
         t1 = time.perf_counter()
 
