@@ -50,17 +50,17 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
-def _actor_setup() -> dict:
+def _actor_setup(same_host: bool) -> dict:
     """What an actor process sets before its JAX starts: CPU only, the driver's
     XLA flags (less its CPU device count: an actor runs one shard on one
-    device) and its persistent compile cache, if any (a path on each node)."""
+    device) and, on the driver's own host, its persistent compile cache."""
     import sys
 
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if "xla_force_host_platform_device_count" not in f]
     setup = {"env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}, "config": {}}
     jax = sys.modules.get("jax")
-    if jax is not None and jax.config.jax_compilation_cache_dir:
+    if same_host and jax is not None and jax.config.jax_compilation_cache_dir:
         setup["config"] = {name: getattr(jax.config, name) for name in (
             "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
             "jax_persistent_cache_min_entry_size_bytes")}
@@ -151,7 +151,7 @@ class RayBackend:
         self._templates = wire.output_templates(job.program)
         self._connect()
         self._remote = ray.remote(self.actor_class)
-        self._setup = _actor_setup()
+        self._setup = _actor_setup(same_host=not self.cfg.address)
 
     def _connect(self) -> None:
         if ray.is_initialized():
@@ -165,9 +165,12 @@ class RayBackend:
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
-                # "local": a new runtime, never one that `ray start` or RAY_ADDRESS names
+                # "local": a new runtime, never one that `ray start` or RAY_ADDRESS names;
+                # actors at the driver's priority (Ray's default niceness 15 starves
+                # them whenever anything else wants the CPUs)
                 ray.init(address="local", _node_ip_address=LOOPBACK_IP, include_dashboard=False,
-                         num_cpus=cpus, logging_level="warning")
+                         num_cpus=cpus, logging_level="warning",
+                         _system_config={"worker_niceness": 0})
         self._owns_runtime = True
 
     def close(self) -> None:
