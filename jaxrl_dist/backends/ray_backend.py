@@ -105,7 +105,8 @@ class ShardActor:
         try:
             return self._run(params_body, request_body)
         except Exception as err:
-            raise RuntimeError(f"{type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+            line = " ".join(str(err).split())[:300]
+            raise RuntimeError(f"{type(err).__name__}: {line}") from None
 
     def _run(self, params_body: bytes, request_body: bytes) -> bytes:
         from jaxrl_dist import wire
