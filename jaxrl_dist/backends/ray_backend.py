@@ -162,7 +162,13 @@ class RayBackend:
             # JAX warns about fork; Ray's fork is a subprocess's fork + exec
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
             if cfg.address:
-                ray.init(address=cfg.address, logging_level="warning")
+                try:
+                    ray.init(address=cfg.address, logging_level="warning")
+                except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
+                    raise BackendError(
+                        f"ray: cannot join the cluster at {cfg.address}: {_one_line(err)} "
+                        "(a cluster with token auth needs RAY_AUTH_MODE=token and its token)"
+                    ) from err
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
