@@ -15,6 +15,7 @@ bytes sent and received, retries and slot resets.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -125,7 +126,7 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, 
     """One round's metrics. `seen`: slots that ran in earlier rounds of this process;
     a worker resetting one of those lost its envs (a first run is no loss)."""
     durations = [s.timings.finished - s.timings.started for s in result.shards]
-    rec = {"update": r, "round": r, "env_steps": env_steps, "num_shards": n,
+    rec = {"update": r, "round": r, "time": time.time(), "env_steps": env_steps, "num_shards": n,
            "return": nan_to_none(metrics["return_mean"])}
     rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
     rec.update({"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
@@ -167,6 +168,22 @@ class RoundTrainer:
             state = self.ckpt.restore(state)
         return state
 
+    def _warm_learner(self, train) -> threading.Thread:
+        """Compile the learner for the expected shard count on zeros, in a thread, so
+        the compile overlaps the first round (actor start-up, the shards' compile)."""
+        from jaxrl_dist import wire
+
+        k = bucket(max(1, round(self.scheduler.expected_shards())), self.cfg.backend.max_shards)
+        out = wire.output_templates(self.program)
+        zeros = lambda s: np.zeros((s.shape[0], k) + tuple(s.shape[1:]), s.dtype)  # noqa: E731
+        traj = jax.tree.map(zeros, out.traj)
+        boot = np.zeros((k,) + tuple(out.bootstrap.shape), out.bootstrap.dtype)
+        copy = jax.tree.map(jnp.copy, train)  # the update donates its state
+        thread = threading.Thread(target=self.learner.update, daemon=True,
+                                  args=(copy, traj, boot, 0, rng.key(0)))
+        thread.start()
+        return thread
+
     def _done(self, env_steps: int) -> bool:
         return env_steps >= self.cfg.algo.total_timesteps
 
@@ -178,6 +195,7 @@ class RoundTrainer:
         r = int(self.state.round)
         env_steps = sum(rec["num_shards"] for rec in history) * learner.steps_per_shard
         records, seen = [], set()
+        warm = self._warm_learner(train)
         try:
             while not self._done(env_steps):
                 t0 = time.perf_counter()
@@ -185,6 +203,7 @@ class RoundTrainer:
                 keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
                 tasks = [ShardTask(s, keys[s]) for s in range(n)]
                 result = self.backend.run_round(r, train.params, tasks, table)
+                warm.join()
                 t1 = time.perf_counter()
                 train, metrics = learner.update(train, result.traj, result.bootstrap, n,
                                                 learn_key)
