@@ -188,41 +188,46 @@ class RoundTrainer:
         return env_steps >= self.cfg.algo.total_timesteps
 
     def run(self, logger, history: list) -> list:
-        cfg, learner = self.cfg, self.learner
-        job = Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program)
-        self.backend.start(job)
-        train, table = self.state.train, SlotTable(self.state.table) if self.state.table is not None else None
-        r = int(self.state.round)
-        env_steps = sum(rec["num_shards"] for rec in history) * learner.steps_per_shard
+        """Train round after round until `algo.total_timesteps`; returns this run's records."""
+        cfg = self.cfg
+        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
+        train, r = self.state.train, int(self.state.round)
+        table = None if self.state.table is None else SlotTable(self.state.table)
+        env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
         records, seen = [], set()
         warm = self._warm_learner(train)
         try:
             while not self._done(env_steps):
-                t0 = time.perf_counter()
                 n = self.scheduler.num_shards(r, history + records)
-                keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
-                tasks = [ShardTask(s, keys[s]) for s in range(n)]
-                result = self.backend.run_round(r, train.params, tasks, table)
-                warm.join()
-                t1 = time.perf_counter()
-                train, metrics = learner.update(train, result.traj, result.bootstrap, n,
-                                                learn_key)
-                metrics = jax.device_get(metrics)
-                t2 = time.perf_counter()
-                r, env_steps = r + 1, env_steps + n * learner.steps_per_shard
-                times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
-                rec = _round_record(r, n, env_steps, result, metrics, times, seen)
-                seen.update(s.slot for s in result.shards)
+                train, rec = self._round(r, n, env_steps, train, table, warm, seen)
+                r, env_steps = r + 1, rec["env_steps"]
                 logger.log([rec])
                 records.append(rec)
-                every = cfg.run.checkpoint_every
-                if every and r % every == 0:
+                if cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0:
                     self._save(train, table, r)
         finally:
             self.backend.close()
         self._save(train, table, r)
         self.state = RoundState(train, None if table is None else table.data, np.int32(r))
         return records
+
+    def _round(self, r: int, n: int, env_steps: int, train, table, warm, seen: set):
+        """Round `r` (0-based) with `n` shards after `env_steps` steps: dispatch,
+        gather, update; returns `(train, record)`."""
+        cfg, learner = self.cfg, self.learner
+        t0 = time.perf_counter()
+        keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
+        result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
+        warm.join()
+        t1 = time.perf_counter()
+        train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
+        metrics = jax.device_get(metrics)
+        t2 = time.perf_counter()
+        env_steps += n * learner.steps_per_shard
+        times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
+        rec = _round_record(r + 1, n, env_steps, result, metrics, times, seen)
+        seen.update(s.slot for s in result.shards)
+        return train, rec
 
     def _save(self, train, table, r: int) -> None:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
