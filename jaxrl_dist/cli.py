@@ -136,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
     serve.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="serve.* overrides, e.g. serve.max_body_mb=16")
+    report = sub.add_parser("report", help="plot runs (PNG) and print a line per run",
+                            description="Plot one or more run directories on shared figures: return "
+                            "against env steps, modeled and wall time; shards, dollars and the time "
+                            "breakdown per round. Figures whose keys a run lacks are skipped.")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    report.add_argument("--out", metavar="DIR", help="where the PNGs go (default the first RUN_DIR)")
     return parser
 
 
@@ -188,6 +194,17 @@ def _serve(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from jaxrl_dist.report import ReportError, report
+
+    try:
+        lines, written, notes = report(args.runs, args.out)
+    except ReportError as err:
+        raise CliConfigError(str(err)) from err
+    print("\n".join(lines + [f"wrote {p}" for p in written] + notes))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from jaxrl_dist.platform import configure_cpu
 
@@ -196,6 +213,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "report":
+            return _report(args)
         return _train(args.overrides, args.print_config)
     except CliConfigError as err:
         print(f"error: {err}", file=sys.stderr)

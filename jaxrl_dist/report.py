@@ -1,0 +1,428 @@
+"""Plots and a text summary of finished (or running) runs: `jaxrl-dist report`.
+
+The plotting functions are pure over record lists (the lines of
+`metrics.jsonl`), keyed by a label per run, so benchmark scripts can call
+`plot_runs(runs, out_dir)` on records they hold in memory. Every figure takes
+the keys it needs from whichever records have them: a round trainer's record
+carries `num_shards`, the time components and, with a cost model, `modeled_s`
+and `cost_usd`; the fused trainer's has steps, return and losses only. A run
+that lacks a figure's keys is left out of it, and a figure no run can fill is
+not written; both are said in the notes.
+
+Figures (PNG, written with matplotlib's Agg canvas, no pyplot state):
+
+- `return_vs_steps.png`        return against env steps
+- `return_vs_modeled_time.png` return against `cum_modeled_s` (or the sum of `modeled_s`)
+- `return_vs_wall_time.png`    return against `cum_wall_s` (or the sum of `round_s`)
+- `shards_per_round.png`       `num_shards` per round
+- `cost.png`                   `cost_usd` per round and `cum_cost_usd`
+- `time_breakdown.png`         per-round stacked bars: measured dispatch, wait,
+                               transfer, learn and the rest of `round_s`; beside
+                               them the modeled components where present
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+
+# measured time components of a round record, in stacking order; `other` is
+# what `round_s` holds beyond them (scheduling, logging, stacking)
+MEASURED = ("dispatch_s", "wait_s", "transfer_s", "learn_s")
+# modeled components: `modeled_<name>_s` keys; names that cannot be mistaken
+# for a measured key are accepted bare as well
+MODELED = ("invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")
+MODELED_PREFIX = "modeled_"
+
+
+class ReportError(Exception):
+    """A bad input, already phrased as the one line to print."""
+
+
+class Run(NamedTuple):
+    path: Path
+    records: list
+    summary: Optional[dict]
+    config: Optional[dict]
+
+
+# ---------------------------------------------------------------- loading
+
+
+def read_metrics(path: Path) -> list:
+    """Records of a `metrics.jsonl`; a cut-off last line (a run still writing) is dropped."""
+    lines = Path(path).read_text().splitlines()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break
+            raise ReportError(f"{path}:{i}: not a JSON line") from None
+        if isinstance(rec, dict):
+            records.append(rec)
+    return records
+
+
+def _read_optional(path: Path, parse) -> Optional[dict]:
+    try:
+        data = parse(path.read_text()) if path.is_file() else None
+    except Exception:  # a damaged side file costs its fields, not the report
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_run(path) -> Run:
+    """A run directory's records, summary and config; `ReportError` if it is not one."""
+    import yaml
+
+    path = Path(path)
+    if not (path / METRICS_FILE).is_file():
+        what = "does not exist" if not path.exists() else f"has no {METRICS_FILE}"
+        raise ReportError(f"not a run directory: {path} ({what})")
+    try:
+        records = read_metrics(path / METRICS_FILE)
+    except (OSError, UnicodeDecodeError) as err:
+        raise ReportError(f"cannot read {path / METRICS_FILE}: {err}") from err
+    return Run(path, records,
+               _read_optional(path / SUMMARY_FILE, json.loads),
+               _read_optional(path / CONFIG_FILE, yaml.safe_load))
+
+
+def run_label(run: Run) -> str:
+    """The directory name with the config's backend and scheduler, e.g. `a (local/fixed)`."""
+    cfg = run.config or {}
+    backend = (cfg.get("backend") or {}).get("name")
+    scheduler = (cfg.get("scheduler") or {}).get("name")
+    if backend == "fused":
+        return f"{run.path.name} (fused)"
+    if backend:
+        return f"{run.path.name} ({backend}/{scheduler})" if scheduler else f"{run.path.name} ({backend})"
+    return run.path.name
+
+
+def label_runs(runs: list) -> dict:
+    """`{label: records}` with unique labels (a repeated one gets its parent directory)."""
+    labels = [run_label(r) for r in runs]
+    out = {}
+    for run, label in zip(runs, labels):
+        if labels.count(label) > 1:
+            label = f"{run.path.parent.name}/{label}"
+        base, k = label, 2
+        while label in out:
+            label, k = f"{base} #{k}", k + 1
+        out[label] = run.records
+    return out
+
+
+# ---------------------------------------------------------------- series
+
+
+def _num(x) -> float:
+    """A record value as float; None, missing or non-numeric become NaN."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return math.nan
+    return float(x)
+
+
+def _has(records: list, key: str) -> bool:
+    return any(math.isfinite(_num(r.get(key))) for r in records)
+
+
+def _column(records: list, key: str) -> list:
+    return [_num(r.get(key)) for r in records]
+
+
+def _cumsum(values: list) -> list:
+    """Running sum that treats a missing value as 0."""
+    total, out = 0.0, []
+    for v in values:
+        total += v if math.isfinite(v) else 0.0
+        out.append(total)
+    return out
+
+
+def _diff(values: list) -> list:
+    prev, out = 0.0, []
+    for v in values:
+        out.append(v - prev if math.isfinite(v) else math.nan)
+        prev = v if math.isfinite(v) else prev
+    return out
+
+
+def rounds(records: list) -> list:
+    """The x axis of per-round figures: `round`, else `update`, else the position."""
+    return [_num(r.get("round", r.get("update", i + 1))) for i, r in enumerate(records)]
+
+
+def cumulative(records: list, cum_key: str, step_key: str) -> Optional[list]:
+    """`cum_key` per record, or the running sum of `step_key`; None if neither is there."""
+    if _has(records, cum_key):
+        return _column(records, cum_key)
+    if _has(records, step_key):
+        return _cumsum(_column(records, step_key))
+    return None
+
+
+def per_round_cost(records: list) -> Optional[list]:
+    if _has(records, "cost_usd"):
+        return _column(records, "cost_usd")
+    if _has(records, "cum_cost_usd"):
+        return _diff(_column(records, "cum_cost_usd"))
+    return None
+
+
+def measured_components(records: list) -> dict:
+    """`{name: per-round seconds}` of the measured parts present, plus `other`."""
+    parts = {k[:-2]: _column(records, k) for k in MEASURED if _has(records, k)}
+    if parts and _has(records, "round_s"):
+        total = _column(records, "round_s")
+        known = [sum(v for v in vals if math.isfinite(v)) for vals in zip(*parts.values())]
+        parts["other"] = [max(0.0, t - k) if math.isfinite(t) else 0.0 for t, k in zip(total, known)]
+    return parts
+
+
+def modeled_components(records: list) -> dict:
+    """`{name: per-round seconds}` of the modeled parts: `modeled_<name>_s` keys, and
+    bare `invoke_s`/`start_s`/`actor_s` (their names are not measured ones)."""
+    keys = sorted({k for r in records for k in r
+                   if k.startswith(MODELED_PREFIX) and k.endswith("_s") and k != "modeled_s"})
+    parts = {k[len(MODELED_PREFIX):-2]: _column(records, k) for k in keys if _has(records, k)}
+    for k in MODELED:
+        name = k[:-2]
+        if k not in MEASURED and name not in parts and _has(records, k):
+            parts[name] = _column(records, k)
+    order = {k[:-2]: i for i, k in enumerate(MODELED)}
+    return dict(sorted(parts.items(), key=lambda kv: order.get(kv[0], len(order))))
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _figure(ncols: int = 1, nrows: int = 1, width: float = 6.4, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _color(index: int):
+    from matplotlib import colormaps
+
+    return colormaps["tab10"](index % 10)
+
+
+def _save(fig, out_dir: Path, name: str) -> Path:
+    path = out_dir / name
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _left_out(name: str, missing: list, drawn: list, notes: list) -> None:
+    """Notes for runs a figure leaves out: `missing` holds `label (reason)` strings."""
+    if missing:
+        verb = "left out" if drawn else "skipped, no run has its keys:"
+        notes.append(f"{name}: {verb} {'; '.join(missing)}")
+
+
+def _line_figure(runs: dict, out_dir: Path, name: str, title: str, axis: tuple,
+                 series, notes: list, step: bool = False) -> Optional[Path]:
+    """One axes, a line per run; `series(records)` gives `(x, y)`, or a string
+    saying which keys the run lacks (it is then left out)."""
+    drawn, missing = [], []
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    for i, (label, records) in enumerate(runs.items()):
+        xy = series(records) if records else "no records"
+        if isinstance(xy, str):
+            missing.append(f"{label} ({xy})")
+            continue
+        x, y = xy
+        kwargs = {"where": "mid"} if step else {"marker": "." if len(x) < 40 else None}
+        (ax.step if step else ax.plot)(x, y, label=label, color=_color(i), **kwargs)
+        drawn.append(label)
+    _left_out(name, missing, drawn, notes)
+    if not drawn:
+        return None
+    ax.set(title=title, xlabel=axis[0], ylabel=axis[1])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out_dir, name)
+
+
+def _return_series(x_of, x_keys: str):
+    """`(x, return)` per record, x from `x_of(records)` (None when it lacks `x_keys`)."""
+    def series(records):
+        x = x_of(records)
+        lacks = [k for k, ok in ((x_keys, x is not None), ("return", _has(records, "return"))) if not ok]
+        return f"no {' or '.join(lacks)}" if lacks else (x, _column(records, "return"))
+    return series
+
+
+def plot_return_vs_steps(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    series = _return_series(lambda rs: _column(rs, "env_steps") if _has(rs, "env_steps") else None,
+                            "env_steps")
+    return _line_figure(runs, out_dir, "return_vs_steps.png", "Return", ("env steps", "return"),
+                        series, notes)
+
+
+def plot_return_vs_modeled_time(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    series = _return_series(lambda rs: cumulative(rs, "cum_modeled_s", "modeled_s"),
+                            "cum_modeled_s/modeled_s")
+    return _line_figure(runs, out_dir, "return_vs_modeled_time.png", "Return on the modeled clock",
+                        ("modeled time (s)", "return"), series, notes)
+
+
+def plot_return_vs_wall_time(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    series = _return_series(lambda rs: cumulative(rs, "cum_wall_s", "round_s"), "cum_wall_s/round_s")
+    return _line_figure(runs, out_dir, "return_vs_wall_time.png", "Return on the measured clock",
+                        ("wall time (s)", "return"), series, notes)
+
+
+def plot_shards(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    def series(records):
+        return (rounds(records), _column(records, "num_shards")) if _has(records, "num_shards") \
+            else "no num_shards"
+    return _line_figure(runs, out_dir, "shards_per_round.png", "Shards per round",
+                        ("round", "shards"), series, notes, step=True)
+
+
+def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    """Two panels: dollars per round, and cumulative dollars."""
+    name, drawn, missing = "cost.png", [], []
+    fig, axes = _figure(ncols=2)
+    for i, (label, records) in enumerate(runs.items()):
+        per = per_round_cost(records) if records else None
+        if per is None:
+            missing.append(f"{label} ({'no cost_usd/cum_cost_usd' if records else 'no records'})")
+            continue
+        cum = cumulative(records, "cum_cost_usd", "cost_usd")
+        x = rounds(records)
+        axes[0, 0].step(x, per, where="mid", label=label, color=_color(i))
+        axes[0, 1].plot(x, cum, label=label, color=_color(i))
+        drawn.append(label)
+    _left_out(name, missing, drawn, notes)
+    if not drawn:
+        return None
+    axes[0, 0].set(title="Dollars per round", xlabel="round", ylabel="USD")
+    axes[0, 1].set(title="Cumulative dollars", xlabel="round", ylabel="USD")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, out_dir, name)
+
+
+def _stacked(ax, x: list, parts: dict, title: str) -> None:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab20"]
+    bottom = [0.0] * len(x)
+    for j, (name, values) in enumerate(parts.items()):
+        values = [v if math.isfinite(v) else 0.0 for v in values]
+        ax.bar(x, values, bottom=bottom, width=1.0 if len(x) > 60 else 0.8, label=name,
+               color=cmap(j % 20), linewidth=0)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title=title, xlabel="round", ylabel="seconds")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+
+
+def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
+    """A row per run: measured components stacked per round; modeled ones beside them."""
+    name = "time_breakdown.png"
+    rows = []
+    for label, records in runs.items():
+        measured, modeled = measured_components(records), modeled_components(records)
+        if measured or modeled:
+            rows.append((label, records, measured, modeled))
+    lacks = f"no {'/'.join(MEASURED)} or modeled components"
+    missing = [f"{label} ({lacks if records else 'no records'})" for label, records in runs.items()
+               if label not in {row[0] for row in rows}]
+    _left_out(name, missing, rows, notes)
+    if not rows:
+        return None
+    ncols = 2 if any(row[3] for row in rows) else 1
+    fig, axes = _figure(ncols=ncols, nrows=len(rows), height=3.2)
+    for r, (label, records, measured, modeled) in enumerate(rows):
+        x = rounds(records)
+        for c, (parts, kind) in enumerate(((measured, "measured"), (modeled, "modeled"))[:ncols]):
+            if parts:
+                _stacked(axes[r, c], x, parts, f"{label}: {kind}")
+            else:
+                axes[r, c].set_axis_off()
+                axes[r, c].set_title(f"{label}: no {kind} components", fontsize="small")
+    return _save(fig, out_dir, name)
+
+
+PLOTS = (plot_return_vs_steps, plot_return_vs_modeled_time, plot_return_vs_wall_time,
+         plot_shards, plot_cost, plot_time_breakdown)
+
+
+def make_plots(runs: dict, out_dir) -> tuple:
+    """Every figure for `runs` (`{label: records}`) into `out_dir`; returns
+    `(written paths, notes)`, the notes naming each figure or run left out."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths, notes = [], []
+    for plot in PLOTS:
+        path = plot(runs, out_dir, notes)
+        if path is not None:
+            paths.append(path)
+    return paths, notes
+
+
+def plot_runs(runs: dict, out_dir) -> list:
+    """`make_plots` without the notes: the PNG paths written."""
+    return make_plots(runs, out_dir)[0]
+
+
+# ---------------------------------------------------------------- text
+
+
+def _fmt(value, spec: str, unit: str = "") -> str:
+    x = _num(value)
+    return "-" if not math.isfinite(x) else f"{format(x, spec)}{unit}"
+
+
+def summary_line(label: str, summary: Optional[dict], records: list) -> str:
+    """One line: final return, rounds, dollars, modeled and wall time. From
+    `summary.json`; a run without one (still running, killed) from its records."""
+    s = summary or {}
+    last = records[-1] if records else {}
+    final = s.get("final_return", last.get("return"))
+    n = s.get("rounds", s.get("num_updates", last.get("round", last.get("update"))))
+    cost = s.get("cost_usd", last.get("cum_cost_usd"))
+    modeled = s.get("modeled_seconds", last.get("cum_modeled_s"))
+    wall = s.get("wall_seconds", last.get("cum_wall_s"))
+    kind = "rounds" if "rounds" in s or "num_shards" in last else "updates"
+    text = (f"{label}: final return {_fmt(final, '.1f')}, {kind} {_fmt(n, '.0f')}, "
+            f"cost {'-' if not math.isfinite(_num(cost)) else '$' + format(_num(cost), '.4g')}, "
+            f"modeled {_fmt(modeled, '.1f', ' s')}, wall {_fmt(wall, '.1f', ' s')}")
+    return text if summary is not None else text + " (no summary.json)"
+
+
+def report(paths: list, out_dir=None) -> tuple:
+    """Load the run directories, write the figures into `out_dir` (default the first
+    run directory). Returns `(summary lines, written paths, notes)`; `ReportError`
+    names the first path that is not a run directory."""
+    runs = [load_run(p) for p in paths]
+    labelled = label_runs(runs)
+    lines = [summary_line(label, run.summary, run.records)
+             for label, run in zip(labelled, runs)]
+    out_dir = Path(out_dir) if out_dir else runs[0].path
+    try:
+        written, notes = make_plots(labelled, out_dir)
+    except OSError as err:
+        raise ReportError(f"cannot write the plots to {out_dir}: {err.strerror or err}") from err
+    return lines, written, notes
