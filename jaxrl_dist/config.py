@@ -85,8 +85,22 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    name: str = "fixed"
+    """How many shards each round runs (`jaxrl_dist/schedulers.py`)."""
+
+    name: str = "fixed"  # fixed | max | adapt | ramp | a plugin's name
     num_shards: int = 4  # fixed: shards per round
+    min_shards: int = 1  # adapt, ramp: fewest shards
+    max_shards: Optional[int] = None  # max, adapt, ramp: most shards; null: backend.max_shards
+    min_return: Optional[float] = None  # adapt: return at min_shards; null: running min
+    max_return: Optional[float] = None  # adapt: return at max_shards; null: running max
+    window: int = 5  # adapt: rounds (with a return) averaged
+    step: int = 1  # ramp: shards added ...
+    every: int = 2  # ramp: ... every this many rounds
+
+    def __post_init__(self):
+        from jaxrl_dist.schedulers import check_config  # it imports this module
+
+        check_config(self)
 
 
 @dataclass(frozen=True)

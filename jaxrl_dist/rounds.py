@@ -154,7 +154,7 @@ class RoundTrainer:
         probe = ShardProgram(spec_from_config(cfg, suite, False))
         self.spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
         self.program = probe if self.spec == probe.spec else ShardProgram(self.spec)
-        self.scheduler = make_scheduler(cfg.scheduler, cfg.backend)
+        self.scheduler = make_scheduler(cfg.scheduler, cfg.backend, cfg)
         self.learner = make_learner(cfg, self.program, self.scheduler.expected_shards())
         self.backend = make_backend(cfg.backend)
         self.ckpt = checkpoint.Checkpointer(run_dir)

@@ -1,35 +1,307 @@
 """Schedulers pick how many actor shards each round runs.
 
-`make_scheduler(cfg.scheduler, cfg.backend)` returns an object with
-`num_shards(round_, history) -> n`, `history` being the per-round metric
-records so far.
+`make_scheduler(cfg.scheduler, cfg.backend, cfg)` returns a `Scheduler`:
+
+- `num_shards(round_, history) -> n`: `round_` is the 0-based round index (it
+  continues across a resume), `history` the per-round records so far (the lines
+  of `metrics.jsonl`: `return`, `loss`, `num_shards`, `round_s` ...);
+- `expected_shards()`: the mean `n` the run is expected to use, which sizes the
+  learning-rate schedule (rounds = total steps / (mean n * steps per shard)).
+
+Built in: `fixed`, `max`, `adapt` (reward ratio) and `ramp`. Another scheduler
+subclasses `Scheduler`, implements `propose(round_, history) -> float` (the base
+rounds it and clips it to `[min_shards, max_shards]`) and is registered in
+`BUILTIN` or under the entry-point group `jaxrl_dist.schedulers`.
+
+`round_features(history, cfg, budget_left)` is a learned scheduler's view of a
+run: one float32 per name in `FEATURE_NAMES`, each in [-1, 1] (most in [0, 1]),
+so that one network moves between tasks.
 """
 from __future__ import annotations
 
+import math
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Callable, Optional
+
+import numpy as np
+
 from jaxrl_dist.config import ConfigError
 
+GROUP = "jaxrl_dist.schedulers"
+BUILTIN = {"fixed": "jaxrl_dist.schedulers:FixedScheduler",
+           "max": "jaxrl_dist.schedulers:MaxScheduler",
+           "adapt": "jaxrl_dist.schedulers:AdaptScheduler",
+           "ramp": "jaxrl_dist.schedulers:RampScheduler"}
 
-class FixedScheduler:
-    """The same `scheduler.num_shards` every round."""
+
+def check_config(cfg) -> None:
+    """Checks of `SchedulerConfig` on its own (run when it is built); the bound
+    against `backend.max_shards` is checked by `shard_range`."""
+    for key in ("min_shards", "window", "step", "every"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"scheduler.{key} must be a positive integer, got {value!r}")
+    if cfg.max_shards is not None and (not isinstance(cfg.max_shards, int) or cfg.max_shards < 1):
+        raise ConfigError(f"scheduler.max_shards must be a positive integer or null, got {cfg.max_shards!r}")
+    if cfg.max_shards is not None and cfg.min_shards > cfg.max_shards:
+        raise ConfigError(f"scheduler.min_shards={cfg.min_shards} exceeds scheduler.max_shards={cfg.max_shards}")
+    for key in ("min_return", "max_return"):
+        value = getattr(cfg, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ConfigError(f"scheduler.{key} must be a number or null, got {value!r}")
+    if None not in (cfg.min_return, cfg.max_return) and cfg.min_return >= cfg.max_return:
+        raise ConfigError(f"scheduler.min_return={cfg.min_return} must be below "
+                          f"scheduler.max_return={cfg.max_return}")
+
+
+def shard_range(cfg, backend_cfg) -> tuple:
+    """`(min_shards, max_shards)` with `scheduler.max_shards` null meaning
+    `backend.max_shards`; a bound the backend has no slots for is an error."""
+    hi = backend_cfg.max_shards if cfg.max_shards is None else cfg.max_shards
+    if hi > backend_cfg.max_shards:
+        raise ConfigError(f"scheduler.max_shards={hi} exceeds backend.max_shards={backend_cfg.max_shards}")
+    if cfg.min_shards > hi:
+        raise ConfigError(f"scheduler.min_shards={cfg.min_shards} exceeds the shard bound {hi} "
+                          f"(scheduler.max_shards, or backend.max_shards when it is null)")
+    return cfg.min_shards, hi
+
+
+def run_mean(plan: Callable, clip: Callable, total_steps: int, steps_per_shard: int) -> float:
+    """Mean shards per round of `plan(round_, progress) -> n` run the way the round
+    trainer runs it: rounds until `total_steps` env steps, `progress` being the
+    fraction of them done before the round."""
+    steps = shards = rounds = 0
+    while steps < total_steps:
+        n = clip(plan(rounds, steps / total_steps))
+        shards, steps, rounds = shards + n, steps + n * steps_per_shard, rounds + 1
+    return shards / max(rounds, 1)
+
+
+class Scheduler:
+    """Base: resolves the shard bounds, rounds and clips `propose`, and averages
+    `plan` over the run for `expected_shards`."""
+
+    name = "base"
+
+    def __init__(self, cfg, backend_cfg, full=None):
+        self.cfg, self.full = cfg, full  # `full`: the whole `Config`, when the caller has it
+        self.min_shards, self.max_shards = shard_range(cfg, backend_cfg)
+        self.steps_per_shard = backend_cfg.envs_per_shard * (full.algo.num_steps if full else 0)
+
+    def num_shards(self, round_: int, history: list) -> int:
+        return self.clip(self.propose(round_, history))
+
+    def clip(self, n: float) -> int:
+        """Round half up (not Python's half-to-even) and clip to the bounds."""
+        return int(min(max(math.floor(n + 0.5), self.min_shards), self.max_shards))
+
+    def propose(self, round_: int, history: list) -> float:
+        raise NotImplementedError
+
+    def plan(self, round_: int, progress: float) -> float:
+        """The `n` expected at `round_` with a fraction `progress` of the env steps
+        done, without a history; what `expected_shards` averages."""
+        return self.propose(round_, [])
+
+    def expected_shards(self) -> float:
+        """Mean shards per round over the run; without the full config (total
+        steps unknown), the middle of the bounds."""
+        if self.full is None:
+            return (self.min_shards + self.max_shards) / 2
+        return run_mean(self.plan, self.clip, self.full.algo.total_timesteps, self.steps_per_shard)
+
+
+class FixedScheduler(Scheduler):
+    """The same `scheduler.num_shards` every round (bounds: 1..backend.max_shards;
+    `min_shards`/`max_shards` do not apply)."""
 
     name = "fixed"
 
-    def __init__(self, cfg, backend_cfg):
+    def __init__(self, cfg, backend_cfg, full=None):
+        super().__init__(cfg, backend_cfg, full)
+        self.min_shards, self.max_shards = 1, backend_cfg.max_shards
         self.n = cfg.num_shards
 
-    def num_shards(self, round_: int, history: list) -> int:
+    def propose(self, round_: int, history: list) -> float:
         return self.n
 
     def expected_shards(self) -> float:
-        """Shards per round on average, for sizing the LR schedule."""
-        return float(self.n)
+        return float(self.clip(self.n))
 
 
-SCHEDULERS = {"fixed": FixedScheduler}
+class MaxScheduler(Scheduler):
+    """Always `scheduler.max_shards` (null: `backend.max_shards`): the baseline."""
+
+    name = "max"
+
+    def propose(self, round_: int, history: list) -> float:
+        return self.max_shards
+
+    def expected_shards(self) -> float:
+        return float(self.max_shards)
 
 
-def make_scheduler(cfg, backend_cfg):
-    if cfg.name not in SCHEDULERS:
+class RampScheduler(Scheduler):
+    """`min_shards`, plus `step` shards every `every` rounds, up to `max_shards`."""
+
+    name = "ramp"
+
+    def propose(self, round_: int, history: list) -> float:
+        return self.min_shards + self.cfg.step * (round_ // self.cfg.every)
+
+    def plan(self, round_: int, progress: float) -> float:
+        return self.propose(round_, [])
+
+
+def finite_returns(history: list) -> list:
+    """The rounds' `return` values that exist (a round may finish no episode)."""
+    out = []
+    for rec in history:
+        x = rec.get("return")
+        if x is not None and math.isfinite(x):
+            out.append(float(x))
+    return out
+
+
+def return_bounds(returns: list, min_return, max_return) -> tuple:
+    """`(lo, hi)`: the configured return range, a null end replaced by the running
+    min or max of `returns` (non-empty)."""
+    lo = min(returns) if min_return is None else float(min_return)
+    hi = max(returns) if max_return is None else float(max_return)
+    return lo, hi
+
+
+def return_ratio(x: float, lo: float, hi: float, hi_fixed: bool) -> float:
+    """`x` normalised to [0, 1] between `lo` and `hi`. An empty range means all
+    returns so far are equal (0), or, with a fixed `hi`, all are at or above it (1)."""
+    if hi <= lo:
+        return 1.0 if hi_fixed and x >= hi else 0.0
+    return float(np.clip((x - lo) / (hi - lo), 0.0, 1.0))
+
+
+class AdaptScheduler(Scheduler):
+    """Reward ratio: n grows with the return, from `min_shards` at
+    `scheduler.min_return` to `max_shards` at `scheduler.max_return`.
+
+    More actors as the return improves, as in the published reward-ratio
+    scheduler: early on the policy changes a lot between rounds and a small,
+    cheap batch is enough; near the target a bigger batch steadies the
+    gradient. The ratio is the mean of the per-round ratios of the last
+    `scheduler.window` rounds that finished an episode (each clipped to
+    [0, 1]), so one lucky round does not jump n; no return yet gives
+    `min_shards`. A null `min_return`/`max_return` uses the running min/max
+    of the returns seen.
+    """
+
+    name = "adapt"
+
+    def ratio(self, history: list) -> float:
+        returns = finite_returns(history)
+        if not returns:
+            return 0.0
+        lo, hi = return_bounds(returns, self.cfg.min_return, self.cfg.max_return)
+        hi_fixed = self.cfg.max_return is not None
+        return float(np.mean([return_ratio(x, lo, hi, hi_fixed) for x in returns[-self.cfg.window:]]))
+
+    def propose(self, round_: int, history: list) -> float:
+        return self.plan(round_, self.ratio(history))
+
+    def plan(self, round_: int, progress: float) -> float:
+        """`progress` stands in for the ratio: `expected_shards` assumes the
+        return climbs linearly in env steps from min to max over the run."""
+        return self.min_shards + progress * (self.max_shards - self.min_shards)
+
+
+# Round features for a learned scheduler, in order. Each is normalised so that
+# one network can move between tasks whose returns, losses and round times
+# differ by orders of magnitude; every feature is 0 before the first round
+# except `budget_left`.
+FEATURE_NAMES = (
+    "progress",      # round index as the fraction of algo.total_timesteps done (rounds differ in size) [0, 1]
+    "loss",          # last learner loss / the largest |loss| seen [-1, 1]
+    "return",        # last return between scheduler.min/max_return (null: running min/max) [0, 1]
+    "approx_kl",     # last approx KL, kl / (kl + 0.01): 0.5 at a typical PPO target KL [0, 1)
+    "learn_frac",    # learner time, learn_s / round_s [0, 1]
+    "actor_serial",  # actor time, busy_s / shard_s_median (shards run back to back on the
+                     # busiest worker), log1p-scaled by log1p(max_shards) [0, 1]
+    "round_time",    # round_s / median round_s so far, r / (1 + r): 0.5 for a typical round [0, 1)
+    "budget_left",   # fraction of the budget left, 1 with no budget [0, 1]
+    "num_shards",    # last round's n / max_shards [0, 1]
+)
+KL_SCALE = 0.01
+
+
+def _value(rec: dict, key: str) -> float:
+    """A record's `key` as a finite float; 0 when absent, null or not finite."""
+    x = rec.get(key)
+    return float(x) if x is not None and math.isfinite(x) else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _return_feature(history: list, scheduler_cfg) -> float:
+    returns = finite_returns(history)
+    if not returns:
+        return 0.0
+    lo, hi = return_bounds(returns, scheduler_cfg.min_return, scheduler_cfg.max_return)
+    return return_ratio(returns[-1], lo, hi, scheduler_cfg.max_return is not None)
+
+
+def _round_time_feature(history: list) -> float:
+    times = [t for t in (_value(rec, "round_s") for rec in history) if t > 0]
+    r = _ratio(_value(history[-1], "round_s"), float(np.median(times)) if times else 0.0)
+    return r / (1.0 + r)
+
+
+def round_features(history: list, cfg, budget_left: Optional[float] = None) -> np.ndarray:
+    """`[len(FEATURE_NAMES)]` float32 features of a run after the rounds in
+    `history` (per-round records), `cfg` the full `Config`, `budget_left` the
+    fraction of the budget left (None: no budget). Pure; zeros when empty."""
+    budget = 1.0 if budget_left is None else float(np.clip(budget_left, 0.0, 1.0))
+    if not history:
+        return np.array([budget if k == "budget_left" else 0.0 for k in FEATURE_NAMES], np.float32)
+    last, max_shards = history[-1], shard_range(cfg.scheduler, cfg.backend)[1]
+    loss_scale = max(abs(_value(rec, "loss")) for rec in history)
+    kl = max(_value(last, "approx_kl"), 0.0)
+    serial = _ratio(_value(last, "busy_s"), _value(last, "shard_s_median"))
+    values = {
+        "progress": _ratio(_value(last, "env_steps"), cfg.algo.total_timesteps),
+        "loss": _ratio(_value(last, "loss"), loss_scale),
+        "return": _return_feature(history, cfg.scheduler),
+        "approx_kl": kl / (kl + KL_SCALE),
+        "learn_frac": _ratio(_value(last, "learn_s"), _value(last, "round_s")),
+        "actor_serial": math.log1p(serial) / math.log1p(max_shards),
+        "round_time": _round_time_feature(history),
+        "budget_left": budget,
+        "num_shards": _value(last, "num_shards") / max_shards,
+    }
+    out = np.array([values[k] for k in FEATURE_NAMES], np.float32)
+    return np.clip(out, -1.0, 1.0)
+
+
+def available() -> dict:
+    """Scheduler name -> "module:attr": the built-ins, then plugins' entry points."""
+    found = dict(BUILTIN)
+    for ep in entry_points(group=GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def make_scheduler(cfg, backend_cfg, full=None) -> Scheduler:
+    """The scheduler `cfg.name` names. `full`, the whole `Config`, lets
+    `expected_shards` follow the run's length; `ConfigError` names a bad key."""
+    targets = available()
+    if cfg.name not in targets:
         raise ConfigError(f"scheduler.name: unknown scheduler {cfg.name!r} "
-                          f"(available: {', '.join(sorted(SCHEDULERS))})")
-    return SCHEDULERS[cfg.name](cfg, backend_cfg)
+                          f"(available: {', '.join(sorted(targets))})")
+    cls = _load(targets[cfg.name])
+    return cls(cfg, backend_cfg) if full is None else cls(cfg, backend_cfg, full)
