@@ -53,6 +53,12 @@ def _metrics(traj) -> dict:
 
 def make_learn(apply_fn, opts: ppo.PPOOptions):
     """Jitted learner step over a `[T, K, B]` round whose first `n` slots are real."""
+    return jax.jit(make_learn_fn(apply_fn, opts), donate_argnums=0)
+
+
+def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
+    """`learn(train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)`, not jitted
+    (the learned scheduler's training runs it inside its own program)."""
     update = ppo.make_update(apply_fn, opts._replace(masked=True))
 
     def learn(train: TrainState, traj, boot, n, key):
@@ -65,7 +71,7 @@ def make_learn(apply_fn, opts: ppo.PPOOptions):
         metrics.update(_metrics(flat))
         return train, metrics
 
-    return jax.jit(learn, donate_argnums=0)
+    return learn
 
 
 def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> Learner:
