@@ -24,7 +24,12 @@ def _merge(x):
 
 
 def make_round_fn(program, k: int):
-    """Jitted `(params, table[M], idx[k], keys[k, 2]) -> (table, traj[T, k, B], bootstrap[k, B])`.
+    """Jitted `(params, table[M], idx[k], keys[k, 2]) -> (table, traj[T, k, B], bootstrap[k, B])`."""
+    return jax.jit(make_round_body(program, k), donate_argnums=1)
+
+
+def make_round_body(program, k: int):
+    """`make_round_fn`'s function, not jitted (the learned scheduler's training vmaps it).
 
     Padding entries of `idx` are `M` (out of range): they read a clamped slot
     and their writes are dropped.
@@ -38,7 +43,7 @@ def make_round_fn(program, k: int):
         table = jax.tree.map(lambda t, v: t.at[idx].set(v, mode="drop"), table, new)
         return table, traj, boot
 
-    return jax.jit(round_fn, donate_argnums=1)
+    return round_fn
 
 
 class LocalBackend:
