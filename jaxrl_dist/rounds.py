@@ -28,6 +28,7 @@ import numpy as np
 from jaxrl_dist import checkpoint, ppo, rng
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
+from jaxrl_dist.cost import TIME_KEYS, USD_KEYS, CostAccount
 from jaxrl_dist.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
 from jaxrl_dist.schedulers import make_scheduler
 from jaxrl_dist.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
@@ -87,9 +88,13 @@ def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> 
 
 
 def init_train(learner: Learner, seed: int) -> TrainState:
+    return init_train_from_key(learner, jax.random.fold_in(rng.key(seed), 3))
+
+
+def init_train_from_key(learner: Learner, key) -> TrainState:
     spec = learner.program.env.spec
     dummy = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
-    params = learner.program.network.init(jax.random.fold_in(rng.key(seed), 3), dummy)
+    params = learner.program.network.init(key, dummy)
     return TrainState(params=params, opt_state=learner.tx.init(params),
                       step=jnp.zeros((), jnp.int32), apply_fn=learner.program.network.apply,
                       tx=learner.tx)
@@ -126,6 +131,42 @@ def busy_seconds(shards) -> float:
             end = max(end, b)
         best = max(best, total)
     return best
+
+
+def shard_seconds(shards) -> list:
+    """Each shard's compute seconds for the cost model. Shards a worker ran as one
+    batch (the local backend's single jitted call: same worker, start and end)
+    share the batch's time, as if each had run alone on its own instance."""
+    span = lambda s: (s.worker, s.timings.started, s.timings.finished)  # noqa: E731
+    count: dict = {}
+    for s in shards:
+        count[span(s)] = count.get(span(s), 0) + 1
+    return [(s.timings.finished - s.timings.started) / count[span(s)] for s in shards]
+
+
+def moved_bytes(result, n: int, param_bytes: int) -> int:
+    """Bytes a round moved. A backend that moves none (local) is charged what a
+    remote one would move uncompressed: the params to each shard, and each
+    shard's trajectory and bootstrap values back."""
+    moved = int(result.stats["bytes_sent"]) + int(result.stats["bytes_received"])
+    if moved:
+        return moved
+    back = sum(x.nbytes for x in jax.tree.leaves((result.traj, result.bootstrap)))
+    return n * param_bytes + back * n // result.bootstrap.shape[0]
+
+
+def _cost_fields(rc, cold: int, account: CostAccount, wall_s: float) -> dict:
+    """A round's modeled cost and the running totals of both clocks."""
+    rec = {"modeled_s": rc.modeled_s, "cost_usd": rc.usd, "cum_modeled_s": float(account.clock.now),
+           "cum_cost_usd": account.usd, "cum_wall_s": wall_s, "cold_shards": cold}
+    rec.update({f"modeled_{k}": rc.components[k] for k in TIME_KEYS})
+    rec.update({k: rc.components[k] for k in USD_KEYS})
+    return rec
+
+
+def reached(rec: dict, target) -> bool:
+    """Whether a round's return reached `run.target_return` (never without a target)."""
+    return target is not None and rec.get("return") is not None and rec["return"] >= target
 
 
 def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
@@ -190,12 +231,36 @@ class RoundTrainer:
         thread.start()
         return thread
 
-    def _done(self, env_steps: int) -> bool:
-        return env_steps >= self.cfg.algo.total_timesteps
+    def _stop_reason(self, r: int, env_steps: int, records: list) -> Optional[str]:
+        """Why the run stops before round `r` (0-based), or None to go on."""
+        run = self.cfg.run
+        if env_steps >= self.cfg.algo.total_timesteps:
+            return "total_timesteps"
+        if run.max_rounds is not None and r >= run.max_rounds:
+            return "max_rounds"
+        if run.stop_at_target and records and reached(records[-1], run.target_return):
+            return "target"
+        return None
 
-    def run(self, logger, history: list) -> list:
-        """Train round after round until `algo.total_timesteps`; returns this run's records."""
+    def _over_budget(self, n: int) -> bool:
+        """Whether a round of `n` shards would take the modeled dollars past `run.budget_usd`."""
+        budget = self.cfg.run.budget_usd
+        return budget is not None and self.account.usd + self.account.estimate_usd(n) > budget
+
+    def _start_clocks(self, history: list, t_start: Optional[float]) -> None:
+        """The modeled clock and dollars, and the measured clock, continuing a resumed run's."""
+        last = history[-1] if history else {}
+        self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards,
+                                   last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0))
+        self._wall0 = (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
+        self._param_bytes = sum(x.nbytes for x in jax.tree.leaves(self.state.train.params))
+
+    def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
+        """Train round after round until `algo.total_timesteps` or a `run.*` stop
+        condition (`self.stop_reason` says which); returns this run's records.
+        `t_start`: when the measured clock started (`time.perf_counter()`; default now)."""
         cfg = self.cfg
+        self._start_clocks(history, t_start)
         self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
         train, r = self.state.train, int(self.state.round)
         table = None if self.state.table is None else SlotTable(self.state.table)
@@ -203,8 +268,13 @@ class RoundTrainer:
         records, seen = [], set()
         warm = self._warm_learner(train)
         try:
-            while not self._done(env_steps):
-                n = self.scheduler.num_shards(r, history + records)
+            while True:
+                self.stop_reason = self._stop_reason(r, env_steps, history + records)
+                n = None if self.stop_reason else self.scheduler.num_shards(r, history + records)
+                if n is not None and self._over_budget(n):
+                    self.stop_reason = "budget"
+                if self.stop_reason:
+                    break
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
                 r, env_steps = r + 1, rec["env_steps"]
                 logger.log([rec])
@@ -232,6 +302,9 @@ class RoundTrainer:
         env_steps += n * learner.steps_per_shard
         times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
         rec = _round_record(r + 1, n, env_steps, result, metrics, times, seen)
+        rc, cold = self.account.charge(n, shard_seconds(result.shards),
+                                       moved_bytes(result, n, self._param_bytes), times["learn"])
+        rec.update(_cost_fields(rc, cold, self.account, time.perf_counter() - self._wall0))
         seen.update(s.slot for s in result.shards)
         return train, rec
 
@@ -244,6 +317,23 @@ def _suite(cfg: Config) -> str:
     from jaxrl_dist.envs import resolve_suite
 
     return resolve_suite(cfg.env.id, cfg.env.suite)
+
+
+def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict:
+    """Both clocks and the dollars for summary.json: totals, each modeled component
+    summed, and where the first round reaching `run.target_return` put each clock
+    (null when no round did)."""
+    last = records[-1] if records else {}
+    hit = next((rec for rec in records if reached(rec, cfg.run.target_return)), None)
+    out = {"stop_reason": stop_reason, "cost_preset": cfg.cost.name,
+           "cost_usd": last.get("cum_cost_usd", 0.0), "modeled_seconds": last.get("cum_modeled_s", 0.0),
+           "target_return": cfg.run.target_return}
+    for name, key in (("time_to_target_s", "cum_modeled_s"), ("wall_to_target_s", "cum_wall_s"),
+                      ("cost_to_target_usd", "cum_cost_usd")):
+        out[name] = None if hit is None else hit.get(key)
+    out.update({f"modeled_{k}": sum(rec.get(f"modeled_{k}", 0.0) for rec in records) for k in TIME_KEYS})
+    out.update({k: sum(rec.get(k, 0.0) for rec in records) for k in USD_KEYS})
+    return out
 
 
 def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
@@ -261,7 +351,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> 
     logger = MetricsLogger(run_dir, total, done, cfg.run.tensorboard, cfg.run.progress)
     t1 = time.perf_counter()
     try:
-        records = trainer.run(logger, history)
+        records = trainer.run(logger, history, t_start)
     except BackendError as err:
         last = trainer.ckpt.latest_step()
         where = f"round {last}" if last is not None else "none yet"
@@ -289,6 +379,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> 
         "resumed_at_update": start if cfg.run.resume else None,
         "run_dir": str(cfg.run.dir),
     }
+    summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary)
     return summary
