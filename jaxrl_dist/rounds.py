@@ -43,6 +43,7 @@ class Learner(NamedTuple):
     update: Any  # jitted (train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)
     num_rounds: int  # rounds the LR schedule and the run are sized for
     steps_per_shard: int
+    update_fn: Any = None  # `update`, not jitted
 
 
 def _metrics(traj) -> dict:
@@ -84,7 +85,8 @@ def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> 
     opts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
                           a.update_epochs, a.num_minibatches, a.norm_adv, spec.discrete, True,
                           program.network.torso == "cnn" and jax.default_backend() == "cpu")
-    return Learner(program, tx, make_learn(program.network.apply, opts), num_rounds, steps_per_shard)
+    fn = make_learn_fn(program.network.apply, opts)
+    return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 
 
 def init_train(learner: Learner, seed: int) -> TrainState:
