@@ -18,7 +18,8 @@ Figures (PNG, written with matplotlib's Agg canvas, no pyplot state):
 - `cost.png`                   `cost_usd` per round and `cum_cost_usd`
 - `time_breakdown.png`         per-round stacked bars: measured dispatch, wait,
                                transfer, learn and the rest of `round_s`; beside
-                               them the modeled components where present
+                               them the modeled components where present (past
+                               `MAX_BARS` rounds, stacked steps)
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ CONFIG_FILE = "config.yaml"
 # measured time components of a round record, in stacking order; `other` is
 # what `round_s` holds beyond them (scheduling, logging, stacking)
 MEASURED = ("dispatch_s", "wait_s", "transfer_s", "learn_s")
-# modeled components: `modeled_<name>_s` keys; names that cannot be mistaken
-# for a measured key are accepted bare as well
-MODELED = ("invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")
+# modeled components (`jaxrl_dist.cost.TIME_KEYS`), in stacking order: recorded as
+# `modeled_<name>_s`; names that cannot be mistaken for a measured key are
+# accepted bare as well. Other `modeled_*_s` keys are stacked after these.
+MODELED = ("setup_s", "invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")
 MODELED_PREFIX = "modeled_"
 
 
@@ -192,7 +194,7 @@ def measured_components(records: list) -> dict:
 
 def modeled_components(records: list) -> dict:
     """`{name: per-round seconds}` of the modeled parts: `modeled_<name>_s` keys, and
-    bare `invoke_s`/`start_s`/`actor_s` (their names are not measured ones)."""
+    bare `setup_s`/`invoke_s`/`start_s`/`actor_s` (their names are not measured ones)."""
     keys = sorted({k for r in records for k in r
                    if k.startswith(MODELED_PREFIX) and k.endswith("_s") and k != "modeled_s"})
     parts = {k[len(MODELED_PREFIX):-2]: _column(records, k) for k in keys if _has(records, k)}
@@ -221,6 +223,14 @@ def _color(index: int):
     from matplotlib import colormaps
 
     return colormaps["tab10"](index % 10)
+
+
+def _integer_ticks(*axes) -> None:
+    """Whole-number ticks on rounds and shard counts."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _save(fig, out_dir: Path, name: str) -> Path:
@@ -256,6 +266,9 @@ def _line_figure(runs: dict, out_dir: Path, name: str, title: str, axis: tuple,
     if not drawn:
         return None
     ax.set(title=title, xlabel=axis[0], ylabel=axis[1])
+    if step:  # counts per round, from zero
+        ax.set_ylim(bottom=0)
+        _integer_ticks(ax.xaxis, ax.yaxis)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(fig, out_dir, name)
@@ -318,24 +331,44 @@ def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
     axes[0, 0].set(title="Dollars per round", xlabel="round", ylabel="USD")
     axes[0, 1].set(title="Cumulative dollars", xlabel="round", ylabel="USD")
     for ax in axes[0]:
+        _integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, out_dir, name)
 
 
-def _stacked(ax, x: list, parts: dict, title: str) -> None:
+# a component keeps its colour in every panel (measured and modeled `transfer` alike)
+COMPONENT_ORDER = ("dispatch", "wait", "transfer", "learn", "other", "invoke", "start", "actor",
+                   "setup")
+
+
+def _component_color(name: str):
     from matplotlib import colormaps
 
-    cmap = colormaps["tab20"]
+    index = COMPONENT_ORDER.index(name) if name in COMPONENT_ORDER else \
+        len(COMPONENT_ORDER) + sum(map(ord, name)) % (20 - len(COMPONENT_ORDER))
+    return colormaps["tab20"](index)
+
+
+MAX_BARS = 200  # more rounds than this are drawn as stacked steps (a bar each is slow)
+
+
+def _stacked(ax, x: list, parts: dict, title: str) -> None:
     bottom = [0.0] * len(x)
-    for j, (name, values) in enumerate(parts.items()):
+    for name, values in parts.items():
         values = [v if math.isfinite(v) else 0.0 for v in values]
-        ax.bar(x, values, bottom=bottom, width=1.0 if len(x) > 60 else 0.8, label=name,
-               color=cmap(j % 20), linewidth=0)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        top = [b + v for b, v in zip(bottom, values)]
+        if len(x) > MAX_BARS:
+            ax.fill_between(x, bottom, top, step="mid", label=name, color=_component_color(name),
+                            linewidth=0)
+        else:
+            ax.bar(x, values, bottom=bottom, width=1.0 if len(x) > 60 else 0.8, label=name,
+                   color=_component_color(name), linewidth=0)
+        bottom = top
     ax.set(title=title, xlabel="round", ylabel="seconds")
+    _integer_ticks(ax.xaxis)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
