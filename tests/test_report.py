@@ -1,0 +1,192 @@
+"""`jaxrl-dist report`: PNGs from real round and fused runs and from synthetic
+records carrying the cost fields; figures whose keys are missing are skipped
+and named; a path that is not a run directory is one line and exit code 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxrl_dist import report
+from jaxrl_dist.config import from_dict
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ALL_PLOTS = {"return_vs_steps.png", "return_vs_modeled_time.png", "return_vs_wall_time.png",
+             "shards_per_round.png", "cost.png", "time_breakdown.png"}
+# what a round record has without a cost model
+ROUND_PLOTS = {"return_vs_steps.png", "return_vs_wall_time.png", "shards_per_round.png",
+               "time_breakdown.png"}
+QUIET = {"progress": False, "tensorboard": False, "compile_cache": False}
+
+
+def assert_png(path: Path) -> None:
+    from PIL import Image
+
+    data = path.read_bytes()
+    assert len(data) > len(PNG_MAGIC) and data.startswith(PNG_MAGIC), path
+    with Image.open(path) as image:
+        image.verify()
+        assert image.size[0] > 100 and image.size[1] > 100
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, MPLBACKEND="Agg"))
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """A 4-round local round-trainer run (2 shards of 4 envs x 16 steps) and a
+    10-update fused run; both tiny."""
+    from jaxrl_dist.runner import train
+
+    root = tmp_path_factory.mktemp("runs")
+    algo = {"num_steps": 16, "num_minibatches": 2, "update_epochs": 1}
+    train(from_dict({
+        "algo": {**algo, "total_timesteps": 2 * 4 * 16 * 4},
+        "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 2},
+        "scheduler": {"num_shards": 2}, "run": {"dir": str(root / "round"), **QUIET}}))
+    train(from_dict({"env": {"num_envs": 4}, "algo": {**algo, "total_timesteps": 4 * 16 * 10},
+                     "run": {"dir": str(root / "fused"), **QUIET}}))
+    return root / "round", root / "fused"
+
+
+def synthetic(rounds: int = 6, cost: bool = True) -> list:
+    """Round records as the round trainer writes them, plus the cost model's fields."""
+    records, cum = [], {"modeled": 0.0, "cost": 0.0, "wall": 0.0}
+    for r in range(1, rounds + 1):
+        n = 2 ** (r % 3)
+        rec = {"round": r, "update": r, "env_steps": 64 * r, "num_shards": n, "return": 10.0 * r,
+               "dispatch_s": 0.01, "wait_s": 0.2, "transfer_s": 0.02, "learn_s": 0.1, "round_s": 0.4}
+        if cost:
+            modeled, usd = 0.5 + 0.1 * n, 1e-4 * n
+            cum = {"modeled": cum["modeled"] + modeled, "cost": cum["cost"] + usd,
+                   "wall": cum["wall"] + 0.4}
+            rec.update({"modeled_s": modeled, "cost_usd": usd, "cum_modeled_s": cum["modeled"],
+                        "cum_cost_usd": cum["cost"], "cum_wall_s": cum["wall"],
+                        "modeled_invoke_s": 0.05, "modeled_start_s": 0.1, "modeled_actor_s": 0.3,
+                        "modeled_transfer_s": 0.02, "modeled_learn_s": 0.1,
+                        "modeled_setup_s": 2.0 if r == 1 else 0.0, "shard_usd": 0.8 * usd,
+                        "learner_usd": 0.2 * usd})
+        records.append(rec)
+    return records
+
+
+def write_run(path: Path, records: list, summary=None, config=None) -> Path:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        (path / "summary.json").write_text(json.dumps(summary))
+    if config is not None:
+        (path / "config.yaml").write_text(config)
+    return path
+
+
+def test_cli_plots_a_round_and_a_fused_run_together(real_runs, tmp_path):
+    round_dir, fused_dir = real_runs
+    out = run_cli("report", str(round_dir), str(fused_dir))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("round (local/fixed): final return ") and "rounds 4" in lines[0]
+    assert lines[1].startswith("fused (fused): final return ") and "updates 10" in lines[1]
+    records = report.read_metrics(round_dir / "metrics.jsonl")
+    expected = set(ROUND_PLOTS)
+    if report._has(records, "cum_modeled_s") or report._has(records, "modeled_s"):
+        expected.add("return_vs_modeled_time.png")
+    if report._has(records, "cost_usd") or report._has(records, "cum_cost_usd"):
+        expected.add("cost.png")
+    written = {p.name for p in round_dir.glob("*.png")}
+    assert written == expected
+    for name in written:
+        assert_png(round_dir / name)
+        assert f"wrote {round_dir / name}" in lines
+    # the fused run has no per-round keys: named as left out of those figures
+    assert any(line.startswith("shards_per_round.png: left out fused (fused) (no num_shards)")
+               for line in lines)
+    for name in ALL_PLOTS - expected:
+        assert any(line.startswith(f"{name}: skipped") for line in lines), (name, lines)
+    assert not list(fused_dir.glob("*.png"))
+
+
+def test_plot_runs_in_process_with_cost_fields(tmp_path):
+    runs = {"max": synthetic(), "adapt": synthetic(report.MAX_BARS + 1)}  # bars, and steps
+    paths = report.plot_runs(runs, tmp_path / "plots")
+    assert {p.name for p in paths} == ALL_PLOTS
+    for p in paths:
+        assert p.parent == tmp_path / "plots"
+        assert_png(p)
+
+
+def test_missing_keys_are_skipped_and_named(tmp_path):
+    bare = [{"update": u, "env_steps": 32 * u, "return": float(u)} for u in range(1, 5)]
+    no_return = [{"update": 1, "env_steps": 32, "return": None, "num_shards": 2}]
+    runs = {"bare": bare, "no-return": no_return, "empty": []}
+    paths, notes = report.make_plots(runs, tmp_path)
+    assert [p.name for p in paths] == ["return_vs_steps.png", "shards_per_round.png"]
+    assert_png(paths[0])
+    text = "\n".join(notes)
+    assert "return_vs_steps.png: left out no-return (no return); empty (no records)" in text
+    assert "shards_per_round.png: left out bare (no num_shards); empty (no records)" in text
+    for name in ("return_vs_modeled_time.png", "return_vs_wall_time.png", "cost.png",
+                 "time_breakdown.png"):
+        assert f"{name}: skipped" in text and not (tmp_path / name).exists()
+
+
+def test_derived_series_from_partial_keys():
+    records = [{"round": 1, "cost_usd": 0.5, "round_s": 2.0, "learn_s": 0.5, "wait_s": 1.0},
+               {"round": 2, "cost_usd": 0.25, "round_s": 1.0, "learn_s": 0.5, "wait_s": 0.25}]
+    assert report.cumulative(records, "cum_cost_usd", "cost_usd") == [0.5, 0.75]
+    assert report.cumulative(records, "cum_wall_s", "round_s") == [2.0, 3.0]
+    assert report.cumulative(records, "cum_modeled_s", "modeled_s") is None
+    cum_only = [{"cum_cost_usd": 0.5}, {"cum_cost_usd": 0.75}]
+    assert report.per_round_cost(cum_only) == [0.5, 0.25]
+    parts = report.measured_components(records)
+    assert parts == {"wait": [1.0, 0.25], "learn": [0.5, 0.5], "other": [0.5, 0.25]}
+    assert report.modeled_components(records) == {}
+    modeled = report.modeled_components(synthetic(2))
+    assert list(modeled) == ["setup", "invoke", "start", "actor", "transfer", "learn"]
+    assert modeled["setup"] == [2.0, 0.0]
+    # bare names that no measured key has count as modeled; bare learn_s stays measured
+    bare = [{"round": 1, "actor_s": 0.3, "invoke_s": 0.1, "learn_s": 0.2, "modeled_queue_s": 0.4}]
+    assert report.modeled_components(bare) == {"invoke": [0.1], "actor": [0.3], "queue": [0.4]}
+
+
+def test_cli_out_dir_labels_and_summary_lines(tmp_path):
+    cfg = "backend:\n  name: local\nscheduler:\n  name: adapt\n"
+    a = write_run(tmp_path / "seed0" / "run", synthetic(),
+                  {"final_return": 60.0, "rounds": 6, "cost_usd": 0.0012, "modeled_seconds": 4.5,
+                   "wall_seconds": 2.4}, cfg)
+    b = write_run(tmp_path / "seed1" / "run", synthetic(4), None, cfg)
+    # a run still writing: its last line is cut off
+    with open(b / "metrics.jsonl", "a") as f:
+        f.write('{"round": 5, "ret')
+    out = run_cli("report", str(a), str(b), "--out", str(tmp_path / "figs"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == ("seed0/run (local/adapt): final return 60.0, rounds 6, cost $0.0012, "
+                        "modeled 4.5 s, wall 2.4 s")
+    assert lines[1].startswith("seed1/run (local/adapt): final return 40.0, rounds 4, cost $")
+    assert lines[1].endswith("(no summary.json)")
+    assert {p.name for p in (tmp_path / "figs").glob("*.png")} == ALL_PLOTS
+    assert not list(a.glob("*.png"))
+
+
+@pytest.mark.parametrize("kind", ["missing", "no-metrics", "bad-line"])
+def test_cli_bad_path_is_one_line_and_exit_2(tmp_path, kind):
+    good = write_run(tmp_path / "good", synthetic())
+    bad = tmp_path / "bad"
+    if kind == "no-metrics":
+        bad.mkdir()
+    elif kind == "bad-line":
+        write_run(bad, [])
+        (bad / "metrics.jsonl").write_text('{"round": 1}\nnot json\n{"round": 2}\n')
+    out = run_cli("report", str(good), str(bad))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and str(bad) in out.stderr
+    assert not list(good.glob("*.png"))  # every path is checked before anything is drawn
