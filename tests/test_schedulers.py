@@ -1,0 +1,293 @@
+"""Schedulers: each one's n sequence on hand-made histories, clipping, config
+errors naming the key, round features, and one tiny local run per scheduler
+whose logged shard counts follow it while compiles stay per bucket."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_dist.backends import bucket
+from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict
+from jaxrl_dist.schedulers import FEATURE_NAMES, Scheduler, make_scheduler, round_features
+
+SHARD_STEPS = 4 * 16  # envs_per_shard * num_steps in `config`
+
+
+def sched(name: str, backend_max: int = 8, **keys):
+    return make_scheduler(SchedulerConfig(name=name, **keys), BackendConfig(max_shards=backend_max))
+
+
+def returns(*values) -> list:
+    return [{"return": v} for v in values]
+
+
+def sequence(s, rounds: int, history=()) -> list:
+    return [s.num_shards(r, list(history)) for r in range(rounds)]
+
+
+def config(run_dir, scheduler: dict, rounds_of_steps: int = 10, **over):
+    """Local backend, 4 slots of 4 envs x 16 steps; `rounds_of_steps` shards' steps in all."""
+    return from_dict({
+        "algo": {"total_timesteps": SHARD_STEPS * rounds_of_steps, "num_steps": 16,
+                 "num_minibatches": 2, "update_epochs": 1},
+        "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 4},
+        "scheduler": scheduler,
+        "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
+        **over,
+    })
+
+
+# --- n sequences -------------------------------------------------------------
+
+def test_fixed_and_max():
+    assert sequence(sched("fixed", num_shards=3), 4) == [3, 3, 3, 3]
+    assert sched("fixed", num_shards=3).expected_shards() == 3.0
+    assert sequence(sched("max"), 3) == [8, 8, 8]  # null: backend.max_shards
+    assert sequence(sched("max", max_shards=6), 3, returns(500.0)) == [6, 6, 6]
+    assert sched("max", max_shards=6).expected_shards() == 6.0
+
+
+def test_ramp_adds_step_every_k_rounds_up_to_max():
+    s = sched("ramp", backend_max=16, min_shards=2, max_shards=10, step=3, every=2)
+    assert sequence(s, 9) == [2, 2, 5, 5, 8, 8, 10, 10, 10]  # 11 clipped to 10
+
+
+def test_adapt_grows_with_the_windowed_return_ratio():
+    s = sched("adapt", backend_max=16, min_shards=1, max_shards=9, min_return=0.0, max_return=100.0, window=2)
+    h = returns(0.0, 50.0, None, 100.0, 150.0, -50.0)
+    # ratios 0, .5, (no episode), 1, 1 (clipped), 0 (clipped); n = 1 + 8 * mean of the last two
+    got = [s.num_shards(r, h[:r]) for r in range(len(h) + 1)]
+    assert got == [1, 1, 3, 3, 7, 9, 5]
+
+
+def test_adapt_with_running_min_max():
+    s = sched("adapt", min_shards=1, max_shards=5, window=1)
+    assert s.num_shards(1, returns(10.0)) == 1  # one value: no range yet
+    assert s.num_shards(2, returns(10.0, 30.0)) == 5
+    assert s.num_shards(3, returns(10.0, 30.0, 20.0)) == 3
+    fixed_top = sched("adapt", min_shards=1, max_shards=5, max_return=100.0, window=1)
+    assert fixed_top.num_shards(2, returns(150.0, 200.0)) == 5  # all above the fixed max
+
+
+def test_rounding_is_half_up_and_nan_returns_are_skipped():
+    s = sched("adapt", min_shards=2, max_shards=3, min_return=0.0, max_return=100.0, window=1)
+    assert s.num_shards(1, returns(50.0)) == 3  # 2.5 -> 3 (Python's round gives 2)
+    assert s.num_shards(2, returns(100.0, float("nan"))) == 3
+
+
+def test_base_clips_to_the_bounds():
+    class Wild(Scheduler):
+        def propose(self, round_, history):
+            return [-5, 0.4, 3.2, 100][round_]
+
+    s = Wild(SchedulerConfig(min_shards=2, max_shards=6), BackendConfig(max_shards=8))
+    assert sequence(s, 4) == [2, 2, 3, 6]
+
+
+def test_expected_shards_follows_the_run(tmp_path):
+    """Ramp 1, 2, 3, 4, 4 over 14 shards' steps: 5 rounds, 2.8 shards on average."""
+    cfg = config(tmp_path, {"name": "ramp", "every": 1}, rounds_of_steps=14)
+    s = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    assert s.expected_shards() == pytest.approx(14 / 5)
+    adapt = make_scheduler(SchedulerConfig(name="adapt"), cfg.backend, cfg)
+    # modeled as a return rising linearly in steps, n = 1 + 3 * shards done / 14:
+    # 1, 1, 1, 2 (3/14 -> 1.64), 2, 3 (7/14 -> 2.5), 3, 4: 17 shards in 8 rounds
+    assert adapt.expected_shards() == pytest.approx(17 / 8)
+    # without the full config: the middle of the bounds
+    assert make_scheduler(cfg.scheduler, cfg.backend).expected_shards() == 2.5
+
+
+# --- config errors -------------------------------------------------------------
+
+@pytest.mark.parametrize("keys, named", [
+    ({"max_shards": 0}, "scheduler.max_shards"),
+    ({"min_shards": 0}, "scheduler.min_shards"),
+    ({"window": 0}, "scheduler.window"),
+    ({"step": 0}, "scheduler.step"),
+    ({"every": 0}, "scheduler.every"),
+    ({"min_shards": 5, "max_shards": 3}, "scheduler.min_shards"),
+    ({"min_return": 10.0, "max_return": 5.0}, "scheduler.min_return"),
+    ({"min_return": "low"}, "scheduler.min_return"),
+    ({"colour": "red"}, "scheduler.colour"),
+])
+def test_bad_keys_are_named(keys, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        from_dict({"scheduler": {"name": "adapt", **keys}})
+
+
+def test_bounds_against_the_backend_are_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"scheduler\.max_shards=64 exceeds backend\.max_shards=32"):
+        sched("max", backend_max=32, max_shards=64)
+    with pytest.raises(ConfigError, match=r"scheduler\.min_shards"):
+        sched("ramp", backend_max=4, min_shards=5)
+    with pytest.raises(ConfigError, match=r"scheduler\.name: unknown scheduler 'nope'"):
+        sched("nope")
+    from jaxrl_dist.runner import train
+
+    with pytest.raises(ConfigError, match=r"scheduler\.max_shards"):  # before any round runs
+        train(config(tmp_path / "run", {"name": "max", "max_shards": 8}))
+
+
+# --- round features ------------------------------------------------------------
+
+def record(**over) -> dict:
+    rec = {"round": 2, "env_steps": 320, "num_shards": 4, "return": 250.0, "loss": -1.0,
+           "approx_kl": 0.01, "learn_s": 1.0, "round_s": 4.0, "busy_s": 2.0, "shard_s_median": 1.0}
+    return {**rec, **over}
+
+
+def feature_cfg(**scheduler):
+    return from_dict({"algo": {"total_timesteps": 640, "num_steps": 16},
+                      "backend": {"name": "local", "max_shards": 8, "envs_per_shard": 4},
+                      "scheduler": {"min_return": 0.0, "max_return": 500.0, **scheduler}})
+
+
+def test_features_on_an_empty_history():
+    f = round_features([], feature_cfg())
+    assert f.dtype == np.float32 and f.shape == (len(FEATURE_NAMES),) == (9,)
+    assert dict(zip(FEATURE_NAMES, f)) == {k: (1.0 if k == "budget_left" else 0.0) for k in FEATURE_NAMES}
+    assert round_features([], feature_cfg(), budget_left=0.3)[FEATURE_NAMES.index("budget_left")] == \
+        pytest.approx(0.3)
+
+
+def test_features_hand_checked():
+    history = [record(round=1, env_steps=64, loss=2.0, round_s=2.0), record(round_s=4.0),
+               record(round=3, env_steps=320)]
+    f = dict(zip(FEATURE_NAMES, round_features(history, feature_cfg(), budget_left=0.25)))
+    # progress 320/640; loss -1/2; return 250 in 0..500; kl .01/(.01+.01); learn 1/4;
+    # actor log1p(2/1)/log1p(8) = log 3 / log 9; round 4 / median(2, 4, 4) -> 1/2; n 4/8
+    want = {"progress": 0.5, "loss": -0.5, "return": 0.5, "approx_kl": 0.5, "learn_frac": 0.25,
+            "actor_serial": 0.5, "round_time": 0.5, "budget_left": 0.25, "num_shards": 0.5}
+    assert f == pytest.approx(want)
+
+
+def test_features_with_running_return_range_and_missing_values():
+    cfg = feature_cfg(min_return=None, max_return=None)
+    history = [record(**{"return": 10.0}), record(**{"return": 30.0}), record(**{"return": 20.0})]
+    assert round_features(history, cfg)[FEATURE_NAMES.index("return")] == pytest.approx(0.5)
+    sparse = [{"round": 1, "num_shards": 1, "return": None, "loss": None}]
+    f = round_features(sparse, cfg)
+    assert np.isfinite(f).all() and f[FEATURE_NAMES.index("num_shards")] == pytest.approx(1 / 8)
+
+
+def test_features_are_finite_and_bounded_on_random_histories():
+    rng = np.random.default_rng(0)
+    cfg = feature_cfg(min_return=None, max_return=None)
+    for _ in range(50):
+        history = [record(**{"return": float(rng.normal(0, 1e4)) if rng.random() > 0.3 else None,
+                             "loss": float(rng.normal(0, 1e3)), "approx_kl": float(rng.exponential(0.1)),
+                             "learn_s": float(rng.exponential()), "round_s": float(rng.exponential()),
+                             "busy_s": float(rng.exponential(10)), "num_shards": int(rng.integers(1, 9)),
+                             "env_steps": int(rng.integers(0, 2000))})
+                   for _ in range(int(rng.integers(1, 12)))]
+        f = round_features(history, cfg, budget_left=float(rng.uniform(-1, 2)))
+        assert f.dtype == np.float32 and np.isfinite(f).all()
+        assert (f >= -1).all() and (f <= 1).all()
+        assert (np.delete(f, FEATURE_NAMES.index("loss")) >= 0).all()
+
+
+# --- end to end -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def compile_log(events: list):
+    """Appends ("compile", message) to `events` for every XLA compile."""
+
+    class Compiles(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Compiling"):
+                events.append(("compile", record.getMessage()[:80]))
+
+    handler, logger = Compiles(), logging.getLogger("jax")
+    logger.addHandler(handler)
+    old_level, old_propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    jax.config.update("jax_log_compiles", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+
+
+def round_spans(events: list) -> dict:
+    """Compiles per round, a round running from its scheduler call to its log call."""
+    spans, current = {}, None
+    for kind, value in events:
+        if kind == "start":
+            current = value
+            spans[current] = 0
+        elif kind == "end":
+            current = None
+        elif current is not None:
+            spans[current] += 1
+    return spans
+
+
+E2E = {
+    "fixed": ({"name": "fixed", "num_shards": 3}, 12),
+    "max": ({"name": "max"}, 12),
+    "ramp": ({"name": "ramp", "every": 1}, 14),
+    # CartPole's first returns are ~10-40: a 0..40 range makes n move within a few rounds
+    "adapt": ({"name": "adapt", "min_return": 0.0, "max_return": 40.0, "window": 1}, 12),
+}
+
+
+@pytest.mark.parametrize("name", list(E2E))
+def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
+    import jaxrl_dist.rounds as rounds
+    from jaxrl_dist.runner import train
+
+    events: list = []
+    real_make = rounds.make_scheduler
+
+    class Marked:
+        """The run's scheduler, marking where each round starts."""
+
+        def __init__(self, *args):
+            self.inner = real_make(*args)
+
+        def num_shards(self, round_, history):
+            events.append(("start", round_))
+            return self.inner.num_shards(round_, history)
+
+        def expected_shards(self):
+            return self.inner.expected_shards()
+
+    class MarkedLogger(rounds.MetricsLogger):
+        def log(self, records):
+            super().log(records)
+            events.extend(("end", r["round"] - 1) for r in records)
+
+    monkeypatch.setattr(rounds, "make_scheduler", Marked)
+    monkeypatch.setattr(rounds, "MetricsLogger", MarkedLogger)
+    keys, shard_steps = E2E[name]
+    cfg = config(tmp_path / name, keys, rounds_of_steps=shard_steps)
+    with compile_log(events):
+        summary = train(cfg)
+    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    ns = [rec["num_shards"] for rec in records]
+    check = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    assert ns == [check.num_shards(r, records[:r]) for r in range(len(records))]
+    assert summary["env_steps"] == sum(ns) * SHARD_STEPS >= cfg.algo.total_timesteps
+    if name == "ramp":
+        assert ns == [1, 2, 3, 4, 4]
+    if name == "fixed":
+        assert ns == [3, 3, 3, 3]
+    if name == "max":
+        assert ns == [4, 4, 4]
+    spans, seen = round_spans(events), set()
+    assert sorted(spans) == list(range(len(records)))
+    for r, n in enumerate(ns):
+        if bucket(n, 4) in seen:  # a shape compiled before: nothing new to compile
+            assert spans[r] == 0, (name, r, ns)
+        seen.add(bucket(n, 4))
+    assert len(seen) <= math.ceil(math.log2(4)) + 1
