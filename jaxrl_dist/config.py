@@ -58,6 +58,11 @@ class RunConfig:
     progress: bool = True
     log_chunks: int = 20  # host round-trips for logging over the whole run
     tensorboard: bool = True
+    # round trainer only (the fused trainer ignores them)
+    target_return: Optional[float] = None  # a round's return >= this is "target reached"
+    stop_at_target: bool = False  # stop after the first round that reaches the target
+    budget_usd: Optional[float] = None  # stop before a round would take modeled dollars past this
+    max_rounds: Optional[int] = None  # stop after this many rounds
 
 
 # env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'
@@ -115,6 +120,32 @@ class ServeConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """Prices and latencies of one platform (`jaxrl_dist.cost`); the defaults are the
+    `azure_aci` preset, whose sources are in `configs/cost/azure_aci.yaml`."""
+
+    name: str = "azure_aci"
+    kind: str = "serverless"  # serverless: billed per shard | cluster: billed for its whole life
+    vcpu_second_usd: float = 0.00001125
+    gb_second_usd: float = 0.0000012361
+    request_usd: float = 0.0  # per shard invocation
+    vcpus_per_shard: float = 1.0
+    gb_per_shard: float = 1.5
+    billing_granularity_s: float = 1.0  # billed time is rounded up to a multiple of this
+    min_billed_s: float = 0.0
+    start_billed: bool = True  # the instance's start-up is billed with its shard
+    cold_start_s: float = 20.0  # a new instance's start-up
+    warm_start_s: float = 0.0  # an instance kept warm
+    invoke_s: float = 0.01  # request latency, once per round (shards are sent in parallel)
+    keep_warm_s: float = 0.0  # an instance stays warm this long after its last shard
+    transfer_bytes_per_s: float = 125_000_000.0
+    learner_hour_usd: float = 0.192  # the learner's machine, billed for the whole modeled run
+    cluster_nodes: int = 0  # cluster kind: nodes billed from start-up to the end
+    cluster_node_hour_usd: float = 0.0
+    cluster_start_s: float = 0.0  # cluster kind: start-up, billed once at the start of a run
+
+
+@dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -122,6 +153,7 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     seed: int = 0
     num_seeds: int = 1
 
@@ -253,9 +285,39 @@ def _check_rounds(cfg: Config) -> None:
         raise ConfigError("backend.urls: the http backend needs at least one endpoint")
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_stops(run: RunConfig) -> None:
+    """The round trainer's stop conditions: null (off) or a sane number."""
+    if run.target_return is not None and not _is_number(run.target_return):
+        raise ConfigError(f"run.target_return: expected a number or null, got {run.target_return!r}")
+    if run.budget_usd is not None and not (_is_number(run.budget_usd) and run.budget_usd > 0):
+        raise ConfigError(f"run.budget_usd must be a positive number or null, got {run.budget_usd!r}")
+    rounds = run.max_rounds
+    if rounds is not None and not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0):
+        raise ConfigError(f"run.max_rounds must be a positive integer or null, got {rounds!r}")
+
+
+def _check_cost(c: CostConfig) -> None:
+    if c.kind not in ("serverless", "cluster"):
+        raise ConfigError(f"cost.kind must be serverless or cluster, got {c.kind!r}")
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        if _is_number(value) and value < 0:
+            raise ConfigError(f"cost.{f.name} must be >= 0, got {value}")
+    if c.transfer_bytes_per_s <= 0:
+        raise ConfigError(f"cost.transfer_bytes_per_s must be positive, got {c.transfer_bytes_per_s}")
+    if c.kind == "cluster" and c.cluster_nodes < 1:
+        raise ConfigError(f"cost.cluster_nodes: a cluster needs at least one node, got {c.cluster_nodes}")
+
+
 def validate(cfg: Config) -> Config:
     """Check a config without touching JAX; raises `ConfigError` naming the key."""
     _check_positive(cfg)
+    _check_stops(cfg.run)
+    _check_cost(cfg.cost)
     if cfg.backend.name != "fused":
         _check_rounds(cfg)
     if cfg.serve.max_body_mb <= 0:
