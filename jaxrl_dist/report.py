@@ -250,21 +250,25 @@ def _line_figure(runs: dict, out_dir: Path, name: str, title: str, axis: tuple,
                  series, notes: list, step: bool = False) -> Optional[Path]:
     """One axes, a line per run; `series(records)` gives `(x, y)`, or a string
     saying which keys the run lacks (it is then left out)."""
-    drawn, missing = [], []
-    fig, axes = _figure()
-    ax = axes[0, 0]
-    for i, (label, records) in enumerate(runs.items()):
+    drawn, missing = [], {}
+    for label, records in runs.items():
         xy = series(records) if records else "no records"
         if isinstance(xy, str):
-            missing.append(f"{label} ({xy})")
-            continue
-        x, y = xy
-        kwargs = {"where": "mid"} if step else {"marker": "." if len(x) < 40 else None}
-        (ax.step if step else ax.plot)(x, y, label=label, color=_color(i), **kwargs)
-        drawn.append(label)
-    _left_out(name, missing, drawn, notes)
+            missing[label] = xy
+        else:
+            drawn.append((label, xy))
+    _left_out(name, [f"{label} ({why})" for label, why in missing.items()], drawn, notes)
     if not drawn:
         return None
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    few = max(len(x) for _, (x, _) in drawn) < 40  # dots on the points of short runs
+    for label, (x, y) in drawn:
+        color = _color(list(runs).index(label))
+        if step:
+            ax.step(x, y, where="mid", label=label, color=color)
+        else:
+            ax.plot(x, y, marker="." if few else None, label=label, color=color)
     ax.set(title=title, xlabel=axis[0], ylabel=axis[1])
     if step:  # counts per round, from zero
         ax.set_ylim(bottom=0)
@@ -279,7 +283,12 @@ def _return_series(x_of, x_keys: str):
     def series(records):
         x = x_of(records)
         lacks = [k for k, ok in ((x_keys, x is not None), ("return", _has(records, "return"))) if not ok]
-        return f"no {' or '.join(lacks)}" if lacks else (x, _column(records, "return"))
+        if lacks:
+            return f"no {' or '.join(lacks)}"
+        # a round that finished no episode has no return: the line joins its neighbours
+        points = [(a, b) for a, b in zip(x, _column(records, "return"))
+                  if math.isfinite(a) and math.isfinite(b)]
+        return [a for a, _ in points], [b for _, b in points]
     return series
 
 
