@@ -10,7 +10,10 @@ The run directory holds what the fused trainer writes (`config.yaml`,
 `metrics.jsonl` with one record per round, `tensorboard/`, `checkpoints/`,
 `summary.json`). A round's record adds `num_shards`, shard duration
 min/median/max, `dispatch_s`, `transfer_s`, `wait_s`, `learn_s`, `round_s`,
-bytes sent and received, retries and slot resets.
+bytes sent and received, retries and slot resets, and the cost model's
+modeled seconds and dollars with both clocks' running totals (`jaxrl_dist.cost`).
+The run stops at `algo.total_timesteps` or a `run.*` stop condition: target
+reached (with `run.stop_at_target`), budget, or `run.max_rounds`.
 """
 from __future__ import annotations
 
@@ -249,6 +252,17 @@ class RoundTrainer:
         budget = self.cfg.run.budget_usd
         return budget is not None and self.account.usd + self.account.estimate_usd(n) > budget
 
+    def _next_round(self, r: int, env_steps: int, records: list) -> Optional[int]:
+        """Round `r`'s shard count, or None with `self.stop_reason` saying why the run stops."""
+        self.stop_reason = self._stop_reason(r, env_steps, records)
+        if self.stop_reason:
+            return None
+        n = self.scheduler.num_shards(r, records)
+        if self._over_budget(n):
+            self.stop_reason = "budget"
+            return None
+        return n
+
     def _start_clocks(self, history: list, t_start: Optional[float]) -> None:
         """The modeled clock and dollars, and the measured clock, continuing a resumed run's."""
         last = history[-1] if history else {}
@@ -270,13 +284,7 @@ class RoundTrainer:
         records, seen = [], set()
         warm = self._warm_learner(train)
         try:
-            while True:
-                self.stop_reason = self._stop_reason(r, env_steps, history + records)
-                n = None if self.stop_reason else self.scheduler.num_shards(r, history + records)
-                if n is not None and self._over_budget(n):
-                    self.stop_reason = "budget"
-                if self.stop_reason:
-                    break
+            while (n := self._next_round(r, env_steps, history + records)) is not None:
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
                 r, env_steps = r + 1, rec["env_steps"]
                 logger.log([rec])
