@@ -142,7 +142,28 @@ def _parser() -> argparse.ArgumentParser:
                             "breakdown per round. Figures whose keys a run lacks are skipped.")
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
     report.add_argument("--out", metavar="DIR", help="where the PNGs go (default the first RUN_DIR)")
+    _scheduler_parser(sub)
     return parser
+
+
+def _scheduler_parser(sub) -> None:
+    sched = sub.add_parser("scheduler", help="train the learned scheduler")
+    ssub = sched.add_subparsers(dest="scheduler_command", metavar="ACTION", required=True)
+    train = ssub.add_parser("train", help="train (or fine-tune) a scheduler on the modeled clock",
+                            description="PPO on the scheduling MDP: each episode is a whole training "
+                            "run of the task (env=..., backend.envs_per_shard, algo.*), each step a "
+                            "round; the cost model (cost=...) prices it. Writes a msgpack file.")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    train.add_argument("--out", required=True, help="the scheduler file to write")
+    train.add_argument("--init-from", help="a scheduler file to fine-tune from")
+    train.add_argument("--updates", type=int, default=60, help="PPO updates of the scheduler")
+    train.add_argument("--episodes", type=int, default=8, help="training runs side by side")
+    train.add_argument("--rollout", type=int, default=16, help="rounds per scheduler update")
+    train.add_argument("--max-rounds", type=int, default=60, help="rounds before an episode is cut")
+    train.add_argument("--time-weight", type=float, default=0.5,
+                       help="reward weight of modeled time against dollars (0..1)")
+    train.add_argument("--target-bonus", type=float, default=10.0)
+    train.add_argument("--seed", type=int, default=0)
 
 
 def _train(overrides: Sequence[str], print_config: bool) -> int:
@@ -205,6 +226,28 @@ def _report(args) -> int:
     return 0
 
 
+def _scheduler_train(args) -> int:
+    """`jaxrl-dist scheduler train`: the task's config from the overrides, then PPO."""
+    import dataclasses
+
+    from jaxrl_dist import learned
+
+    cfg = load_config(list(args.overrides) + ["backend=local"])
+    M = cfg.scheduler.max_shards or cfg.backend.max_shards
+    if cfg.run.target_return is None:
+        raise CliConfigError("run.target_return: the scheduler is trained to reach a target return")
+    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=M))
+    lo, hi = cfg.scheduler.min_return or 0.0, cfg.scheduler.max_return or cfg.run.target_return
+    opts = learned.SchedOptions(M, args.max_rounds, cfg.run.target_return, args.time_weight,
+                                args.target_bonus, learned.Profile(),
+                                learned.Scale(lo, hi, args.max_rounds, M))
+    env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
+    init = learned.load(args.init_from) if args.init_from else None
+    trained = learned.train_scheduler(env, args.rollout, args.updates, args.seed, init)
+    print(f"wrote {learned.save(trained, args.out)}")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from jaxrl_dist.platform import configure_cpu
 
@@ -215,6 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _serve(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "scheduler":
+            return _scheduler_train(args)
         return _train(args.overrides, args.print_config)
     except CliConfigError as err:
         print(f"error: {err}", file=sys.stderr)

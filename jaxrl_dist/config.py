@@ -101,6 +101,7 @@ class SchedulerConfig:
     window: int = 5  # adapt: rounds (with a return) averaged
     step: int = 1  # ramp: shards added ...
     every: int = 2  # ramp: ... every this many rounds
+    path: Optional[str] = None  # learned: a trained scheduler file; null: the preset for env.id
 
     def __post_init__(self):
         from jaxrl_dist.schedulers import check_config  # it imports this module
@@ -271,7 +272,7 @@ def _check_rounds(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if b.max_retries < 0:
         raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
-    if s.num_shards > b.max_shards:
+    if s.name == "fixed" and s.num_shards > b.max_shards:
         raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
     if cfg.num_seeds != 1:
         raise ConfigError(f"num_seeds: the round trainer trains one seed, got {cfg.num_seeds}")

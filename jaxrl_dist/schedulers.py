@@ -32,7 +32,8 @@ GROUP = "jaxrl_dist.schedulers"
 BUILTIN = {"fixed": "jaxrl_dist.schedulers:FixedScheduler",
            "max": "jaxrl_dist.schedulers:MaxScheduler",
            "adapt": "jaxrl_dist.schedulers:AdaptScheduler",
-           "ramp": "jaxrl_dist.schedulers:RampScheduler"}
+           "ramp": "jaxrl_dist.schedulers:RampScheduler",
+           "learned": "jaxrl_dist.learned:LearnedScheduler"}
 
 
 def check_config(cfg) -> None:

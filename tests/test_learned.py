@@ -1,0 +1,95 @@
+"""The learned scheduler: its scheduling MDP, training with the core PPO, loading and use."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_dist import learned
+from jaxrl_dist.config import CostConfig, from_dict
+
+M = 2
+
+
+def task():
+    return from_dict({"backend": {"name": "local", "envs_per_shard": 2, "max_shards": M},
+                      "scheduler": {"num_shards": M},
+                      "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
+                               "total_timesteps": 2 * 8 * 20}})
+
+
+def make_env(target=475.0, max_rounds=3, episodes=2):
+    opts = learned.SchedOptions(M, max_rounds, target, 0.5, 10.0, learned.Profile(),
+                                learned.Scale(0.0, 500.0, max_rounds, M))
+    return learned.SchedulingEnv(task(), CostConfig(), opts, episodes)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    env = make_env()
+    out = learned.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
+    return learned.save(out, tmp_path_factory.mktemp("sched") / "s.msgpack")
+
+
+def test_rounds_cost_time_and_money_and_episodes_end():
+    env = make_env(target=-1.0, max_rounds=2)  # any return reaches the target
+    state, obs = env.reset(jax.random.key(0))
+    assert obs.shape == (2, len(learned.FEATURES)) and np.isfinite(np.asarray(obs)).all()
+    state, out = jax.jit(env.step)(state, jnp.array([0, 1]), jax.random.key(1))
+    assert bool(out.terminated.all()) and not bool(out.truncated.any())
+    # reward = -(w * s / ref_s + (1 - w) * usd / ref_usd) + bonus; two shards cost more
+    assert float(out.reward[1]) < float(out.reward[0]) < 10.0
+    assert np.asarray(out.obs[:, 0]).tolist() == [0.0, 0.0]  # reset after the end
+
+
+def test_unreached_targets_truncate_at_max_rounds():
+    env = make_env(target=1e9, max_rounds=2)
+    state, _ = env.reset(jax.random.key(0))
+    step = jax.jit(env.step)
+    state, first = step(state, jnp.array([0, 0]), jax.random.key(1))
+    state, second = step(state, jnp.array([1, 1]), jax.random.key(2))
+    assert not bool(first.truncated.any()) and bool(second.truncated.all())
+    assert bool((second.reward < 0).all())
+    assert np.asarray(second.final_obs[:, -1]).tolist() == [1.0, 1.0]  # n / max_shards
+
+
+def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
+    from jaxrl_dist.runner import train
+
+    loaded = learned.load(trained)
+    assert loaded.meta["max_shards"] == M and loaded.meta["features"] == list(learned.FEATURES)
+    act = learned.policy(loaded)
+    scale = learned.Scale(**loaded.meta["scale"])
+    x = np.asarray(learned.features(learned.obs_from_records([], scale), scale, np))
+    assert 1 <= act(x) <= M
+    cfg = from_dict({**json.loads(json.dumps({"backend": {"name": "local", "envs_per_shard": 2,
+                                                           "max_shards": M}})),
+                     "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
+                              "total_timesteps": 2 * 8 * 6},
+                     "scheduler": {"name": "learned", "path": str(trained)},
+                     "run": {"dir": str(tmp_path), "progress": False, "tensorboard": False,
+                             "compile_cache": False}})
+    summary = train(cfg)
+    shards = [json.loads(line)["num_shards"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["scheduler"] == "learned" and all(1 <= n <= M for n in shards)
+
+
+def test_fine_tuning_starts_from_the_given_params(trained):
+    start = learned.load(trained)
+    env = make_env()
+    tuned = learned.train_scheduler(env, num_steps=2, updates=1, init_from=start, log=lambda s: None)
+    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
+                         tuned.params, start.params)
+    assert 0 < max(jax.tree.leaves(moved)) < 1.0  # one small step from the start, not a fresh init
+
+
+def test_missing_scheduler_file_names_the_key():
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.schedulers import make_scheduler
+
+    cfg = from_dict({"backend": {"name": "local"}, "scheduler": {"name": "learned", "path": "/nope.msgpack"}})
+    with pytest.raises(ConfigError, match="scheduler.path"):
+        make_scheduler(cfg.scheduler, cfg.backend, cfg)
