@@ -145,16 +145,10 @@ def test_round_trainer_config_errors_name_the_key():
 
 def test_no_recompile_after_the_first_round(tmp_path):
     """Learner, keys and the local shard call compile in round 1 only."""
-    import logging
-
     from jaxrl_dist.rounds import RoundTrainer
+    from test_schedulers import compile_log
 
     events = []
-
-    class Compiles(logging.Handler):
-        def emit(self, record):
-            if record.getMessage().startswith("Compiling"):
-                events.append(("compile", record.getMessage()[:80]))
 
     class Marks:
         def log(self, records):
@@ -162,19 +156,10 @@ def test_no_recompile_after_the_first_round(tmp_path):
 
     cfg = config("local", tmp_path, algo={"total_timesteps": 3 * 4 * 16 * 4})
     trainer = RoundTrainer(cfg, tmp_path, False)
-    handler, logger = Compiles(), logging.getLogger("jax")
-    logger.addHandler(handler)
-    old_level, old_propagate = logger.level, logger.propagate
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    jax.config.update("jax_log_compiles", True)
     try:
-        trainer.run(Marks(), [])
+        with compile_log(events):
+            trainer.run(Marks(), [])
     finally:
-        jax.config.update("jax_log_compiles", False)
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-        logger.propagate = old_propagate
         trainer.ckpt.close()
     first = events.index(("round", 1))
     assert any(kind == "compile" for kind, _ in events[:first])
