@@ -1,0 +1,93 @@
+"""A trained scheduler against fixed shard counts on its own scheduling MDP (modeled clock).
+
+Runs `--episodes` inner training runs of the task side by side for each policy
+(the scheduler's greedy choice, then fixed n = 1, 2, 4, ..., max) from the same
+keys, and prints each policy's mean episode return (the MDP's reward: modeled
+time and dollars per round, plus the bonus for reaching the target), how often
+the target was reached, rounds per episode and the mean n. This is the
+modeled clock only; `bench/RESULTS.md` says which real-run comparisons exist.
+
+    python bench/scheduler_mdp.py jaxrl_dist/presets/schedulers/CartPole-v1.msgpack
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, write_json  # noqa: E402  (configures the CPU first)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxrl_dist import learned  # noqa: E402
+from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.networks import make_network  # noqa: E402
+
+
+def make_env(trained: learned.Trained, overrides: list, episodes: int) -> learned.SchedulingEnv:
+    m = trained.meta
+    cfg = load_config([f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
+                       f"scheduler.max_shards={m['max_shards']}", "backend=local"] + overrides)
+    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=m["max_shards"]))
+    opts = learned.SchedOptions(m["max_shards"], m["max_rounds"], m["target_return"], m["time_weight"],
+                                m["target_bonus"], learned.Profile(**m["profile"]),
+                                learned.Scale(**m["scale"]))
+    return learned.SchedulingEnv(cfg, cfg.cost, opts, episodes)
+
+
+def play(env, choose, seed: int) -> dict:
+    """Every episode once from `seed`'s keys; the returns of their first runs."""
+    E = env.num_envs
+    step = jax.jit(env.step)
+    state, obs = env.reset(jax.random.key(seed))
+    total, rounds, ended, reached, ns = np.zeros(E), np.zeros(E), np.zeros(E, bool), np.zeros(E, bool), []
+    for t in range(env.opts.max_rounds):
+        action = choose(obs)
+        ns.append(np.asarray(action)[~ended] + 1)
+        state, out = step(state, action, jax.random.fold_in(jax.random.key(seed), t))
+        live = ~ended
+        total += np.where(live, np.asarray(out.reward), 0.0)
+        rounds += live
+        reached |= live & np.asarray(out.terminated)
+        ended |= np.asarray(out.terminated | out.truncated)
+        obs = out.obs
+        if ended.all():
+            break
+    return {"return_mean": float(total.mean()), "return_std": float(total.std()),
+            "reached": float(reached.mean()), "rounds": float(rounds.mean()),
+            "mean_n": float(np.concatenate(ns).mean())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("scheduler", help="a trained scheduler file")
+    p.add_argument("overrides", nargs="*", help="the task's config overrides it was trained with")
+    p.add_argument("--episodes", type=int, default=16)
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_mdp.json"))
+    opts = p.parse_args()
+    trained = learned.load(opts.scheduler)
+    env = make_env(trained, opts.overrides, opts.episodes)
+    net = make_network(env.spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
+    params = jax.tree.map(jnp.asarray, trained.params)
+    greedy = jax.jit(lambda o: jnp.argmax(net.apply(params, o).logits, -1))
+    M = env.opts.max_shards
+    policies = {"learned": greedy}
+    for n in sorted({1, 2, max(1, M // 2), M}):
+        policies[f"fixed {n}"] = lambda o, n=n: jnp.full((env.num_envs,), n - 1)
+    rows = {}
+    for name, choose in policies.items():
+        rows[name] = play(env, choose, opts.seed)
+        r = rows[name]
+        print(f"{name:10s} return {r['return_mean']:8.2f} +- {r['return_std']:.2f}  reached "
+              f"{r['reached']:.2f}  rounds {r['rounds']:.1f}  mean n {r['mean_n']:.2f}", flush=True)
+    write_json(opts.out, {"meta": machine_info(), "scheduler": opts.scheduler,
+                          "trained": trained.meta, "episodes": opts.episodes, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
