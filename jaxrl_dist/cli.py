@@ -55,8 +55,8 @@ class CliConfigError(Exception):
     """A config problem, already phrased as the one line to print."""
 
 
-def presets() -> list:
-    return sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
+def presets(group: str = "env") -> list:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
 def _normalise_overrides(overrides: Sequence[str]) -> list:
@@ -82,7 +82,7 @@ def _hydra_message(err: Exception) -> str:
     match = re.search(r"Could not find '([^/']+)/([^']+)'", text)
     if match:
         group, option = match.groups()
-        return f"unknown {group} preset '{option}' (choose from: {', '.join(presets())})"
+        return f"unknown {group} preset '{option}' (choose from: {', '.join(presets(group))})"
     return text
 
 
