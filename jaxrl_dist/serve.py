@@ -151,10 +151,7 @@ class ServeApp:
             spec, data = wire.decode_request_head(body, compressed, self.max_bytes)
             if spec.env_id not in self.allowed:
                 raise ShardError(f"spec.env_id: {spec.env_id!r} is not in serve.allowed_envs")
-            slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
-            seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
-            prog = self.worker.program(spec, slot, seed)
-            req = wire.decode_request(spec, data, prog.params_template(), prog.actor_template())
+            req = wire.decode_request_for(self.worker, spec, data)
         except wire.BodyTooLarge as err:
             raise HttpError(413, str(err)) from err
         except wire.MalformedBody as err:

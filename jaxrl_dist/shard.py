@@ -227,15 +227,6 @@ class ShardProgram:
         return ShardOutput(traj, actor, boot[0])
 
 
-def stack_actors(actors: list) -> ActorState:
-    """Slot states side by side: the env axis concatenated, the seed axis of `norm` too."""
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *actors)
-
-
-def split_actors(actors: ActorState, k: int) -> list:
-    return [jax.tree.map(lambda x, i=i: jnp.split(x, k, axis=0)[i], actors) for i in range(k)]
-
-
 class ShardWorker:
     """Runs shards of any spec: one compiled program per spec, and the slots it keeps.
 

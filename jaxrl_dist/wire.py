@@ -202,6 +202,28 @@ def decode_request(spec: ShardSpec, data: dict, params_template, actor_template)
                         _field(data, "seed", int), _field(data, "round", int))
 
 
+def decode_request_for(worker, spec: ShardSpec, data: dict) -> ShardRequest:
+    """The rest of a request, checked against the templates of `worker`'s program for
+    `spec` (built on first use; a slot or seed that is not an int is caught by the check)."""
+    slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
+    seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
+    prog = worker.program(spec, slot, seed)
+    return decode_request(spec, data, prog.params_template(), prog.actor_template())
+
+
+def encode_params(params) -> bytes:
+    """A round's params as one msgpack body that every shard shares (the Ray object store)."""
+    return _pack({"v": VERSION, "params": _to_host(params)}, False)
+
+
+def decode_params(body: bytes, max_bytes: int):
+    """`encode_params`'s body back as a state dict (checked later, with the request)."""
+    shared = _unpack(body, False, max_bytes)
+    if shared.get("v") != VERSION:
+        raise MalformedBody(f"params.v: expected wire version {VERSION}, got {shared.get('v')!r}")
+    return shared.get("params")
+
+
 def encode_response(slot: int, out: ShardOutput, timings: Timings, reset: bool, worker: str,
                     compress: bool = False) -> bytes:
     data = {"v": VERSION, "slot": slot, "traj": _to_host(out.traj),

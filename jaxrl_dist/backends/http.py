@@ -92,7 +92,6 @@ class HttpBackend:
         replies = self._call(self._round(bodies, [t.slot for t in tasks]))
         t2 = time.time()
         decoded = [wire.decode_response(r[0], False, self.templates) for r in replies]
-        t3 = time.time()
         for t, d in zip(tasks, decoded):
             if d.slot != t.slot:
                 raise BackendError(f"shard slot {t.slot}: the response is for slot {d.slot}")

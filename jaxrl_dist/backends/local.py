@@ -46,6 +46,12 @@ def make_round_body(program, k: int):
     return round_fn
 
 
+def _stats(wait_s: float) -> dict:
+    """In process nothing is sent: the whole round is waiting on the shards."""
+    return {"dispatch_s": 0.0, "transfer_s": 0.0, "wait_s": wait_s, "bytes_sent": 0,
+            "bytes_received": 0}
+
+
 class LocalBackend:
     name = "local"
 
@@ -84,9 +90,7 @@ class LocalBackend:
         t1 = time.time()
         timing = Timings(t0, t0, t1, t1 - t0)
         shards = [ShardInfo(t.slot, timing, False, retries, "local") for t in tasks]
-        stats = {"dispatch_s": 0.0, "transfer_s": 0.0, "wait_s": t1 - t0,
-                 "bytes_sent": 0, "bytes_received": 0}
-        return RoundResult(traj, boot, shards, stats)
+        return RoundResult(traj, boot, shards, _stats(t1 - t0))
 
     def _run_sticky(self, params, tasks, t0) -> RoundResult:
         outs, shards = [], []
@@ -97,9 +101,7 @@ class LocalBackend:
             outs.append(out)
             shards.append(ShardInfo(t.slot, timing, reset, retries, "local"))
         traj, boot = stack_outputs(outs, bucket(len(tasks), self.cfg.max_shards))
-        stats = {"dispatch_s": 0.0, "transfer_s": 0.0, "wait_s": time.time() - t0,
-                 "bytes_sent": 0, "bytes_received": 0}
-        return RoundResult(traj, boot, shards, stats)
+        return RoundResult(traj, boot, shards, _stats(time.time() - t0))
 
     def close(self) -> None:
         self._fns.clear()

@@ -84,17 +84,9 @@ class ShardActor:
         self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
                      f"/actor-{ctx.get_actor_id()[:12]}")
         self.worker = ShardWorker(self.name)
-        self._templates = {}
 
     def ping(self) -> str:
         return self.name
-
-    def _templates_of(self, spec, slot: int, seed: int):
-        """`(params, actor)` templates of `spec`'s program, to check requests against."""
-        if spec not in self._templates:
-            prog = self.worker.program(spec, slot, seed)
-            self._templates[spec] = (prog.params_template(), prog.actor_template())
-        return self._templates[spec]
 
     def run(self, params_body: bytes, request_body: bytes) -> bytes:
         """Decode (and check) a shard request plus the round's params, run it, encode the reply.
@@ -113,24 +105,11 @@ class ShardActor:
 
         received = time.time()
         spec, data = wire.decode_request_head(request_body, False, MAX_BODY)
-        shared = wire._unpack(params_body, False, MAX_BODY)
-        if shared.get("v") != wire.VERSION:
-            raise wire.ShardError(f"params.v: expected wire version {wire.VERSION}")
-        data["params"] = shared.get("params")
-        seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
-        slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
-        params_t, actor_t = self._templates_of(spec, slot, seed)
-        req = wire.decode_request(spec, data, params_t, actor_t)
+        data["params"] = wire.decode_params(params_body, MAX_BODY)
+        req = wire.decode_request_for(self.worker, spec, data)
         out, timings, reset = self.worker.run(spec, req.params, req.actor, req.key, req.slot,
                                               req.run_id, req.seed, received)
         return wire.encode_response(req.slot, out, timings, reset, self.name)
-
-
-def encode_params(params) -> bytes:
-    """A round's params as one msgpack body, shared by all its shards."""
-    from jaxrl_dist import wire
-
-    return wire._pack({"v": wire.VERSION, "params": wire._to_host(params)}, False)
 
 
 class RayBackend:
@@ -222,7 +201,7 @@ class RayBackend:
         t0 = time.perf_counter()
         for t in tasks:  # new actors start side by side (imports, compiles)
             self._actor(t.slot)
-        params_body = encode_params(params)
+        params_body = wire.encode_params(params)
         transfer = 0.0  # driver time decoding results (encoding counts as dispatch)
         params_ref = ray.put(params_body)  # once per round; every shard gets the reference
         sent = len(params_body)
