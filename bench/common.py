@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from jaxrl_dist.platform import configure_cpu
+from jaxrl_dist.platform import configure_cpu, cpu_model
 
 configure_cpu()  # the CLI's XLA settings; must precede JAX's first backend use
 import jax  # noqa: E402
@@ -40,16 +40,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _library_hash() -> str:
     """Hash of the library sources as they are on disk now (they may differ from HEAD)."""
     digest = hashlib.sha256()
@@ -70,7 +60,7 @@ def machine_info() -> dict:
         "platform": jax.default_backend(),
         "devices": [str(d) for d in devices],
         "device_kind": devices[0].device_kind,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "compilation_cache_dir": jax.config.jax_compilation_cache_dir,

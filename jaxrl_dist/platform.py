@@ -7,6 +7,8 @@ JAX; a library user may do the same. Flags already in `XLA_FLAGS` win.
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 
 # Measured on a 2-core host (bench/RESULTS.md):
 # - each core a CPU device: `fused` splits seeds over devices, and 64 vmapped
@@ -25,3 +27,14 @@ def configure_cpu() -> str:
     extra = [f"--{name}={value()}" for name, value in _FLAGS.items() if name not in flags]
     os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
     return os.environ["XLA_FLAGS"]
+
+
+def cpu_model() -> str:
+    """The host's CPU model name (Linux's /proc/cpuinfo, else what Python reports)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
