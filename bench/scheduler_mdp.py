@@ -12,7 +12,6 @@ modeled clock only; `bench/RESULTS.md` says which real-run comparisons exist.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,18 +23,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_dist import learned  # noqa: E402
-from jaxrl_dist.cli import load_config  # noqa: E402
 from jaxrl_dist.networks import make_network  # noqa: E402
 
 
 def make_env(trained: learned.Trained, overrides: list, episodes: int) -> learned.SchedulingEnv:
     m = trained.meta
-    cfg = load_config([f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
-                       f"scheduler.max_shards={m['max_shards']}", "backend=local"] + overrides)
-    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=m["max_shards"]))
-    opts = learned.SchedOptions(m["max_shards"], m["max_rounds"], m["target_return"], m["time_weight"],
-                                m["target_bonus"], learned.Profile(**m["profile"]),
-                                learned.Scale(**m["scale"]))
+    cfg, opts = learned.task_and_options(
+        [f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
+         f"scheduler.max_shards={m['max_shards']}"] + overrides,
+        m["max_rounds"], m["time_weight"], m["target_bonus"], learned.Profile(**m["profile"]),
+        learned.Scale(**m["scale"]))
     return learned.SchedulingEnv(cfg, cfg.cost, opts, episodes)
 
 

@@ -164,6 +164,9 @@ def _scheduler_parser(sub) -> None:
                        help="reward weight of modeled time against dollars (0..1)")
     train.add_argument("--target-bonus", type=float, default=10.0)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--profile", metavar="PATH",
+                       help="latency profile (jaxrl-dist calibrate); default: the one shipped for "
+                       "env.id, else learned.Profile()'s defaults")
 
 
 def _train(overrides: Sequence[str], print_config: bool) -> int:
@@ -228,19 +231,16 @@ def _report(args) -> int:
 
 def _scheduler_train(args) -> int:
     """`jaxrl-dist scheduler train`: the task's config from the overrides, then PPO."""
-    import dataclasses
-
     from jaxrl_dist import learned
+    from jaxrl_dist.config import ConfigError
 
-    cfg = load_config(list(args.overrides) + ["backend=local"])
-    M = cfg.scheduler.max_shards or cfg.backend.max_shards
-    if cfg.run.target_return is None:
-        raise CliConfigError("run.target_return: the scheduler is trained to reach a target return")
-    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=M))
-    lo, hi = cfg.scheduler.min_return or 0.0, cfg.scheduler.max_return or cfg.run.target_return
-    opts = learned.SchedOptions(M, args.max_rounds, cfg.run.target_return, args.time_weight,
-                                args.target_bonus, learned.Profile(),
-                                learned.Scale(lo, hi, args.max_rounds, M))
+    try:
+        cfg, opts = learned.task_and_options(args.overrides, args.max_rounds, args.time_weight,
+                                             args.target_bonus, args.profile)
+    except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
+        flag = "--profile: " if args.profile else ""
+        raise CliConfigError(flag + " ".join(str(err).split())) from err
+    print(f"profile: {learned.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
     env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
     init = learned.load(args.init_from) if args.init_from else None
     trained = learned.train_scheduler(env, args.rollout, args.updates, args.seed, init)

@@ -8,7 +8,9 @@ padded to `M = scheduler.max_shards` slots and masked, so `n` never
 recompiles), vmapped over episodes, on the *modeled* clock: a shard's seconds
 come from a latency profile (`Profile`), a round's seconds and dollars from
 the cost model (`cost.round_cost`). The scheduler itself then trains with
-`fused.make_train_chunk`, the same PPO as every task.
+`fused.make_train_chunk`, the same PPO as every task. Profiles come from
+`jaxrl-dist calibrate` (`jaxrl_dist.calibrate`); one ships per calibrated env
+under `presets/profiles/`, and `Profile()`'s defaults stand in elsewhere.
 
 Reward per round: `-(w * modeled_s / ref_s + (1 - w) * usd / ref_usd)`, where
 `ref_s` and `ref_usd` are one round at `M` shards (so a round costs about -1
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +36,7 @@ from jaxrl_dist.types import EnvSpec, StepOut
 FEATURES = ("round_frac", "loss", "return", "approx_kl", "learn_frac", "actor_frac",
             "round_s", "budget_left", "n_frac")
 PRESETS = Path(__file__).resolve().parent / "presets" / "schedulers"
+PROFILES = Path(__file__).resolve().parent / "presets" / "profiles"
 
 
 class Profile(NamedTuple):
@@ -43,6 +47,11 @@ class Profile(NamedTuple):
     learn_s_per_sample: float = 5e-6
     bytes_per_shard: float = 48e3
     jitter_cv: float = 0.1  # stragglers: shard time x lognormal(0, cv)
+    # Measured on the calibrating machine and kept for reading only (None: not measured);
+    # the modeled clock takes transfer rates and start-up from the cost preset, whose
+    # figures are the platform's, not this machine's loopback or process start.
+    transfer_s_per_byte: Optional[float] = None
+    cold_start_s: Optional[float] = None
 
 
 class Scale(NamedTuple):
@@ -90,7 +99,8 @@ def obs_from_records(history: list, s: Scale, budget_left: float = 1.0) -> Round
     if not history:
         return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, budget_left, 0.0)
     last = history[-1]
-    ret = next((r["return"] for r in reversed(history) if r.get("return") is not None), s.return_lo)
+    ret = next((r["return_recent"] for r in reversed(history) if r.get("return_recent") is not None),
+               s.return_lo)
     return RoundObs(float(len(history)), last.get("loss") or 0.0, ret, last.get("approx_kl") or 0.0,
                     last["learn_s"], last.get("busy_s", 0.0), last["round_s"], budget_left,
                     float(last["num_shards"]))
@@ -105,6 +115,8 @@ class Inner(NamedTuple):
     usd: Any  # dollars so far
     obs: RoundObs  # what the scheduler saw after the last round
     key: Any
+    sums: Any  # [rounds.TARGET_ROUNDS] episode return sums of the latest rounds, newest first
+    counts: Any  # their episode counts
 
 
 class SchedOptions(NamedTuple):
@@ -117,6 +129,32 @@ class SchedOptions(NamedTuple):
     target_bonus: float
     profile: Profile
     scale: Scale
+
+
+def task_and_options(overrides, max_rounds: int, time_weight: float, target_bonus: float,
+                     profile=None, scale: Optional[Scale] = None):
+    """`(task config, SchedOptions)` of a scheduling MDP from the task's config overrides
+    (`jaxrl-dist scheduler train`, `bench/scheduler_mdp.py`).
+
+    The task runs on the local backend with `scheduler.max_shards` (else
+    `backend.max_shards`) slots. `profile`: a `Profile`, a profile file, or None
+    for the one shipped for `env.id` (else the defaults). `scale`: None for the
+    task's return range, `scheduler.min_return`..`max_return` (else 0..target).
+    """
+    from jaxrl_dist.cli import CliConfigError, load_config
+
+    cfg = load_config(list(overrides) + ["backend=local"])
+    target = cfg.run.target_return
+    if target is None:
+        raise CliConfigError("run.target_return: the scheduler is trained to reach a target return")
+    M = cfg.scheduler.max_shards or cfg.backend.max_shards
+    cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=M))
+    if not isinstance(profile, Profile):
+        found = profile_file(cfg.env.id, profile)
+        profile = load_profile(found) if found else Profile()
+    s = cfg.scheduler
+    scale = scale or Scale(s.min_return or 0.0, s.max_return or target, max_rounds, M)
+    return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale)
 
 
 class SchedulingEnv:
@@ -165,7 +203,10 @@ class SchedulingEnv:
         s = self.opts.scale
         obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
             ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()))
-        return Inner(train, table, clock, jnp.zeros(()), obs, k_next)
+        from jaxrl_dist.rounds import TARGET_ROUNDS
+
+        window = jnp.zeros((TARGET_ROUNDS,))
+        return Inner(train, table, clock, jnp.zeros(()), obs, k_next, window, window)
 
     def reset(self, key):
         inner = jax.vmap(self._init_one)(jax.random.split(key, self.num_envs))
@@ -184,12 +225,17 @@ class SchedulingEnv:
         learn_s = p.learn_s_fixed + p.learn_s_per_sample * n * self.steps_per_shard
         cold = cost.cold_slots(self.cost_cfg, inner.clock)
         rc = cost.round_cost(self.cost_cfg, n, shard_s, n * p.bytes_per_shard, learn_s, cold)
-        ret = jnp.where(jnp.isnan(m["return_mean"]), inner.obs.ret, m["return_mean"])
+        from jaxrl_dist.rounds import recent_return
+
+        sums = jnp.roll(inner.sums, 1).at[0].set(m["episode_return_sum"])
+        counts = jnp.roll(inner.counts, 1).at[0].set(m["episodes"])
+        recent = recent_return(sums, counts, self.task_cfg.run.target_episodes, jnp)
+        ret = jnp.where(jnp.isnan(recent), inner.obs.ret, recent)
         obs = RoundObs(inner.obs.round + 1, m["loss"], ret, m["approx_kl"], learn_s,
                        jnp.max(jnp.where(jnp.arange(M) < n, shard_s, 0.0)), rc.modeled_s,
                        jnp.ones(()), n.astype(jnp.float32))
         clock = cost.advance(inner.clock, n, rc)
-        return Inner(train, table, clock, inner.usd + rc.usd, obs, key), rc, ret
+        return Inner(train, table, clock, inner.usd + rc.usd, obs, key, sums, counts), rc, ret
 
     def _step_one(self, inner: Inner, action, key):
         o, s = self.opts, self.opts.scale
@@ -331,3 +377,53 @@ class LearnedScheduler:
 
 def preset_path(env_id: str) -> Path:
     return PRESETS / f"{env_id}.msgpack"
+
+
+def profile_file(env_id: str, path=None) -> Optional[Path]:
+    """The profile file a task's scheduling MDP uses: `path`, else the one shipped for
+    `env_id`; None where neither is (the MDP then uses `Profile()`)."""
+    if path is not None:
+        return Path(path)
+    shipped = PROFILES / f"{env_id}.json"
+    return shipped if shipped.is_file() else None
+
+
+def save_profile(profile: Profile, path, meta: Optional[dict] = None) -> Path:
+    """JSON: the `Profile` fields at the top level, how they were measured under `meta`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**profile._asdict(), "meta": meta or {}}, indent=2) + "\n")
+    return path
+
+
+def load_profile(path) -> Profile:
+    """A profile file (`save_profile`'s). Fields it lacks keep `Profile`'s defaults, so
+    files from before a field existed still load; `ConfigError` names a bad field."""
+    from jaxrl_dist.config import ConfigError
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"profile {path}: cannot read it ({err.strerror or err})") from err
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"profile {path}: not JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile {path}: expected a JSON object of Profile fields")
+    unknown = sorted(set(data) - set(Profile._fields) - {"meta"})
+    if unknown:
+        raise ConfigError(f"profile {path}: unknown field {unknown[0]!r} "
+                          f"(fields: {', '.join(Profile._fields)}, meta)")
+    return Profile(**{k: _profile_value(v, k, path) for k, v in data.items() if k != "meta"})
+
+
+def _profile_value(value, name: str, path):
+    """A field's number: finite, >= 0 (`step_s` > 0); None only where the default is None."""
+    from jaxrl_dist.config import ConfigError
+
+    if value is None and Profile._field_defaults[name] is None:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value < 0 or (name == "step_s" and value == 0):
+        least = "> 0" if name == "step_s" else ">= 0"
+        raise ConfigError(f"profile {path}: {name} must be a finite number {least}, got {value!r}")
+    return float(value)
