@@ -143,7 +143,37 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
     report.add_argument("--out", metavar="DIR", help="where the PNGs go (default the first RUN_DIR)")
     _scheduler_parser(sub)
+    _calibrate_parser(sub)
     return parser
+
+
+_CALIBRATE_EPILOG = """\
+backend=http without backend.urls starts `jaxrl-dist serve` on a loopback port for
+the measurement (and its cold start); with backend.urls it uses those instances.
+
+examples:
+  jaxrl-dist calibrate env=cartpole backend=local
+  jaxrl-dist calibrate env=hopper backend=local backend.envs_per_shard=2 --rounds 4 --shards 2
+  jaxrl-dist calibrate env=cartpole backend=http --out profiles/cartpole-http.json
+"""
+
+
+def _calibrate_parser(sub) -> None:
+    cal = sub.add_parser("calibrate", help="measure a latency profile for the modeled clock",
+                         description="Run a few rounds of the round trainer on a real backend and "
+                         "time them: seconds per env step of a shard, bytes per shard and seconds "
+                         "per byte, the learner's seconds against batch size (a fitted line), "
+                         "straggler spread, a fresh worker's start-up. Writes a JSON profile "
+                         "(learned.Profile fields and how they were measured).",
+                         epilog=_CALIBRATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cal.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (env=, backend=, ...)")
+    cal.add_argument("--out", metavar="PATH", help="the profile to write (default profiles/<env.id>.json)")
+    cal.add_argument("--rounds", type=int, default=5, help="rounds to run; the first compiles (default 5)")
+    cal.add_argument("--shards", type=int, default=4,
+                     help="shards per round (default 4; the local backend runs gymnax shards one per round)")
+    cal.add_argument("--learner-shards", type=int, default=8,
+                     help="time the learner at 1, 2, 4, ... up to this many shards (default 8)")
+    cal.add_argument("--repeats", type=int, default=3, help="timed learner calls per size (default 3)")
 
 
 def _scheduler_parser(sub) -> None:
@@ -248,6 +278,28 @@ def _scheduler_train(args) -> int:
     return 0
 
 
+def _calibrate(args) -> int:
+    """`jaxrl-dist calibrate`: measure, write the profile, print a summary."""
+    from jaxrl_dist import calibrate, learned
+    from jaxrl_dist.backends import BackendError
+    from jaxrl_dist.config import ConfigError
+
+    backend = compose(args.overrides)["backend"]
+    serve = calibrate.LoopbackServe() if backend["name"] == "http" and not backend["urls"] else None
+    cfg = load_config(list(args.overrides) + (serve.overrides() if serve else []))
+    opts = calibrate.Options(args.rounds, args.shards, args.learner_shards, args.repeats)
+    try:
+        profile, meta = calibrate.calibrate(cfg, opts, serve)
+    except ConfigError as err:
+        raise CliConfigError(" ".join(str(err).split())) from err
+    except BackendError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_BACKEND_ERROR
+    out = learned.save_profile(profile, args.out or Path("profiles") / f"{cfg.env.id}.json", meta)
+    print("\n".join(calibrate.summary(profile, meta) + [f"wrote {out}"]))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from jaxrl_dist.platform import configure_cpu
 
@@ -260,6 +312,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _report(args)
         if args.command == "scheduler":
             return _scheduler_train(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _train(args.overrides, args.print_config)
     except CliConfigError as err:
         print(f"error: {err}", file=sys.stderr)
