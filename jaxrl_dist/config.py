@@ -33,6 +33,9 @@ class AlgoConfig:
     num_steps: int = 128
     update_epochs: int = 4
     num_minibatches: int = 4
+    # set: minibatches of this many samples instead, so the round trainer's bigger rounds
+    # take more gradient steps (the fused trainer splits its batch into batch/size)
+    minibatch_size: Optional[int] = None
     lr: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 0.99
@@ -59,7 +62,8 @@ class RunConfig:
     log_chunks: int = 20  # host round-trips for logging over the whole run
     tensorboard: bool = True
     # round trainer only (the fused trainer ignores them)
-    target_return: Optional[float] = None  # a round's return >= this is "target reached"
+    target_return: Optional[float] = None  # the recent return >= this is "target reached"
+    target_episodes: int = 10  # the recent return: latest whole rounds holding this many episodes
     stop_at_target: bool = False  # stop after the first round that reaches the target
     budget_usd: Optional[float] = None  # stop before a round would take modeled dollars past this
     max_rounds: Optional[int] = None  # stop after this many rounds
@@ -102,6 +106,7 @@ class SchedulerConfig:
     step: int = 1  # ramp: shards added ...
     every: int = 2  # ramp: ... every this many rounds
     path: Optional[str] = None  # learned: a trained scheduler file; null: the preset for env.id
+    init_from: Optional[str] = None  # `scheduler train`: a scheduler file to fine-tune from
 
     def __post_init__(self):
         from jaxrl_dist.schedulers import check_config  # it imports this module
@@ -252,6 +257,7 @@ def _check_positive(cfg: Config) -> None:
         "algo.lr": cfg.algo.lr,
         "num_seeds": cfg.num_seeds,
         "run.log_chunks": cfg.run.log_chunks,
+        "run.target_episodes": cfg.run.target_episodes,
     }
     for key, value in checks.items():
         if value <= 0:
@@ -279,11 +285,25 @@ def _check_rounds(cfg: Config) -> None:
     if b.compression not in ("deflate", "none"):
         raise ConfigError(f"backend.compression must be deflate or none, got {b.compression!r}")
     shard_batch = b.envs_per_shard * cfg.algo.num_steps
-    if shard_batch % cfg.algo.num_minibatches:
-        raise ConfigError(f"algo.num_minibatches={cfg.algo.num_minibatches} does not divide one "
-                          f"shard's batch backend.envs_per_shard*algo.num_steps={shard_batch}")
+    _check_split(cfg.algo, shard_batch, "one shard's batch backend.envs_per_shard*algo.num_steps")
     if b.name == "http" and not b.urls:
         raise ConfigError("backend.urls: the http backend needs at least one endpoint")
+
+
+def _check_split(a: AlgoConfig, batch: int, what: str) -> None:
+    """The batch must split evenly into minibatches (by count, or by `minibatch_size`)."""
+    mb = a.minibatch_size
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
+        raise ConfigError(f"algo.minibatch_size must be a positive integer or null, got {mb!r}")
+    if mb is not None and batch % mb:
+        raise ConfigError(f"algo.minibatch_size={mb} does not divide {what}={batch}")
+    if mb is None and batch % a.num_minibatches:
+        raise ConfigError(f"algo.num_minibatches={a.num_minibatches} does not divide {what}={batch}")
+
+
+def num_minibatches(a: AlgoConfig, batch: int) -> int:
+    """Minibatches per epoch of a `batch`-sample update."""
+    return batch // a.minibatch_size if a.minibatch_size else a.num_minibatches
 
 
 def _is_number(x) -> bool:
@@ -335,11 +355,8 @@ def validate(cfg: Config) -> Config:
         if not 0.0 <= getattr(cfg.algo, key) <= 1.0:
             raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg.algo, key)}")
     batch = cfg.env.num_envs * cfg.algo.num_steps
-    if batch % cfg.algo.num_minibatches:
-        raise ConfigError(
-            f"algo.num_minibatches={cfg.algo.num_minibatches} does not divide the batch "
-            f"env.num_envs*algo.num_steps={batch}"
-        )
+    if cfg.backend.name == "fused":
+        _check_split(cfg.algo, batch, "the batch env.num_envs*algo.num_steps")
     if cfg.algo.total_timesteps < batch:
         raise ConfigError(
             f"algo.total_timesteps={cfg.algo.total_timesteps} is smaller than one batch ({batch})"
@@ -354,7 +371,7 @@ def derive(cfg: Config, continuous: bool = False) -> Derived:
     batch = cfg.env.num_envs * cfg.algo.num_steps
     return Derived(
         batch_size=batch,
-        minibatch_size=batch // cfg.algo.num_minibatches,
+        minibatch_size=batch // num_minibatches(cfg.algo, batch),
         num_updates=cfg.algo.total_timesteps // batch,
         normalize_obs=_resolve_auto(cfg.env.normalize_obs, "env.normalize_obs", continuous),
         normalize_reward=_resolve_auto(cfg.env.normalize_reward, "env.normalize_reward", continuous),

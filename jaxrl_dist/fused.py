@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxrl_dist import ppo, rng
-from jaxrl_dist.config import Config, Derived, derive
+from jaxrl_dist.config import Config, Derived, derive, num_minibatches
 from jaxrl_dist.networks import make_network
 from jaxrl_dist.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.types import RunnerState, TrainState
@@ -51,14 +51,15 @@ def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
     network = make_network(spec, a.network, a.hidden_sizes, a.activation)
-    grad_steps = derived.num_updates * a.update_epochs * a.num_minibatches
+    m = num_minibatches(a, derived.batch_size)
+    grad_steps = derived.num_updates * a.update_epochs * m
     tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
     ropts = RolloutOptions(a.num_steps, cfg.num_seeds, derived.normalize_obs,
                            derived.normalize_reward, a.gamma, cfg.env.clip_obs,
                            cfg.env.clip_reward, unroll)
     loop_free = needs_loop_free(network, spec)
     popts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef,
-                           a.vf_coef, a.update_epochs, a.num_minibatches, a.norm_adv,
+                           a.vf_coef, a.update_epochs, m, a.norm_adv,
                            spec.discrete, spec.delayed_reset, loop_free)
     return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
 

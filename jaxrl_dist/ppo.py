@@ -31,6 +31,7 @@ class PPOOptions(NamedTuple):
     discrete: bool = True
     masked: bool = False  # some transitions are invalid (envpool reset steps)
     unroll: bool = False  # unroll the minibatch loop (see `fused.needs_loop_free`)
+    minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
 
 
 class Batch(NamedTuple):
@@ -131,36 +132,66 @@ def make_batch(apply_fn, params, traj: Transition, last_value, opts: PPOOptions)
                  flat(adv), flat(target), flat(traj.valid))
 
 
-def make_update(apply_fn: Callable, opts: PPOOptions):
-    """Build `update(train_state, traj[T,B], last_value[B], key) -> (train_state, metrics)`.
+def _plan(key, n: int, real, opts: PPOOptions):
+    """Minibatch indices `[S, size]` and which of the `S` steps run.
 
-    The minibatch loop carries the parameters raveled into one vector (the
-    optimiser is `optax.flatten`-ed to match), so each step updates one array
-    instead of one per layer.
+    Without `opts.minibatch_size`: every epoch splits the whole batch into
+    `num_minibatches`. With it, the batch may be padded (`real[n]` marks the
+    samples that exist): each epoch shuffles the real samples to the front
+    and runs `ceil(real / minibatch_size)` steps, so a bigger round takes more
+    gradient steps with the same static shapes (the rest are skipped).
+    """
+    E = opts.update_epochs
+    keys = jax.random.split(key, E)
+    if not opts.minibatch_size:
+        m = opts.num_minibatches
+        perms = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
+        return perms.reshape(E * m, n // m), jnp.ones((E * m,), bool)
+    size = opts.minibatch_size
+    real = jnp.ones((n,), bool) if real is None else real
+    order = lambda k: jnp.argsort(jnp.where(real, jax.random.uniform(k, (n,)), 2.0))
+    perms = jax.vmap(order)(keys)
+    steps = -(-real.sum() // size)
+    active = jnp.tile(jnp.arange(n // size) < steps, E)
+    return perms.reshape(E * (n // size), size), active
+
+
+def make_update(apply_fn: Callable, opts: PPOOptions):
+    """Build `update(train_state, traj[T,B], last_value[B], key, real=None) -> (train_state, metrics)`.
+
+    `real` (`[T, B]` bool, optional) marks the transitions that exist in a
+    padded batch; it only sizes the epochs under `opts.minibatch_size` (the
+    loss masks by `traj.valid`). The minibatch loop carries the parameters
+    raveled into one vector (the optimiser is `optax.flatten`-ed to match),
+    so each step updates one array instead of one per layer.
     """
 
-    def update(state: TrainState, traj: Transition, last_value, key):
+    def update(state: TrainState, traj: Transition, last_value, key, real=None):
         batch = make_batch(apply_fn, state.params, traj, last_value, opts)
         n = batch.advantage.shape[0]
-        m = opts.num_minibatches
-        perms = jax.vmap(lambda k: jax.random.permutation(k, n))(
-            jax.random.split(key, opts.update_epochs))
-        idx = perms.reshape(opts.update_epochs * m, n // m)
+        idx, active = _plan(key, n, None if real is None else real.reshape(-1), opts)
         flat, unravel = ravel_pytree(state.params)
         grad_fn = jax.value_and_grad(lambda f, mb: ppo_loss(unravel(f), apply_fn, mb, opts),
                                      has_aux=True)
 
-        def minibatch_step(carry, mb_idx):
+        def minibatch_step(carry, xs):
+            mb_idx, on = xs
             flat, opt_state = carry
             mb = jax.tree.map(lambda x: x[mb_idx], batch)
             (_, metrics), grads = grad_fn(flat, mb)
-            updates, opt_state = state.tx.update(grads, opt_state, flat)
-            return (flat + updates, opt_state), metrics
+            updates, new_opt = state.tx.update(grads, opt_state, flat)
+            if not opts.minibatch_size:  # every step runs: no selects on the hot path
+                return (flat + updates, new_opt), metrics
+            # a skipped step keeps the optimiser's count too, so LR decay follows real steps
+            keep = lambda new, old: jnp.where(on, new, old)
+            return (keep(flat + updates, flat), jax.tree.map(keep, new_opt, opt_state)), metrics
 
         (flat, opt_state), metrics = jax.lax.scan(
-            minibatch_step, (flat, state.opt_state), idx, unroll=True if opts.unroll else 1)
-        state = state.replace(params=unravel(flat), opt_state=opt_state,
-                              step=state.step + idx.shape[0])
-        return state, jax.tree.map(jnp.mean, metrics)
+            minibatch_step, (flat, state.opt_state), (idx, active), unroll=True if opts.unroll else 1)
+        state = state.replace(params=unravel(flat), opt_state=opt_state, step=state.step + active.sum())
+        if not opts.minibatch_size:
+            return state, jax.tree.map(jnp.mean, metrics)
+        w = active.astype(jnp.float32)
+        return state, jax.tree.map(lambda m: (m * w).sum() / jnp.maximum(w.sum(), 1.0), metrics)
 
     return update

@@ -72,22 +72,32 @@ def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
         traj = traj._replace(valid=traj.valid & real, done=traj.done & real,
                              done_return=jnp.where(real, traj.done_return, 0.0))
         flat = jax.tree.map(lambda x: x.reshape((x.shape[0], -1) + x.shape[3:]), traj)
-        train, metrics = update(train, flat, boot.reshape(-1), key)
+        real = jnp.broadcast_to(real, traj.valid.shape).reshape(flat.valid.shape)
+        train, metrics = update(train, flat, boot.reshape(-1), key, real)
         metrics.update(_metrics(flat))
         return train, metrics
 
     return learn
 
 
+def grad_steps(a, num_rounds: int) -> int:
+    """Optimiser steps the LR schedule decays over: by samples under `algo.minibatch_size`
+    (a round of n shards takes n times the steps), else a fixed count per round."""
+    if a.minibatch_size:
+        return a.update_epochs * (a.total_timesteps // a.minibatch_size)
+    return num_rounds * a.update_epochs * a.num_minibatches
+
+
 def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> Learner:
     a, spec = cfg.algo, program.env.spec
     steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
-    grad_steps = num_rounds * a.update_epochs * a.num_minibatches
-    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
+    steps = grad_steps(a, num_rounds)
+    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, steps if a.anneal_lr else 0)
     opts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
                           a.update_epochs, a.num_minibatches, a.norm_adv, spec.discrete, True,
-                          program.network.torso == "cnn" and jax.default_backend() == "cpu")
+                          program.network.torso == "cnn" and jax.default_backend() == "cpu",
+                          a.minibatch_size or 0)
     fn = make_learn_fn(program.network.apply, opts)
     return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 
@@ -169,9 +179,33 @@ def _cost_fields(rc, cold: int, account: CostAccount, wall_s: float) -> dict:
     return rec
 
 
+TARGET_ROUNDS = 16  # rounds at most that `recent_return` averages over
+
+
+def recent_return(sums, counts, min_episodes: int, xp=np):
+    """Mean return of the latest episodes: whole rounds, newest first (`sums[W]`,
+    `counts[W]`, index 0 the latest round), back until `min_episodes` episodes
+    are in. One lucky episode in a small round is not "the target reached".
+    NaN without any episode. Array ops only: the scheduling MDP runs it under jit."""
+    before = xp.cumsum(counts) - counts  # episodes in the newer rounds
+    take = before < min_episodes
+    total = xp.sum(xp.where(take, counts, 0.0))
+    return xp.where(total > 0, xp.sum(xp.where(take, sums, 0.0)) / xp.maximum(total, 1.0), xp.nan)
+
+
+def recent_return_of(records: list, min_episodes: int):
+    """`recent_return` over round records (their first seed); None without episodes."""
+    last = records[::-1][:TARGET_ROUNDS]
+    sums = np.array([r["episode_return_sum"][0] for r in last], np.float64)
+    counts = np.array([r["episodes"][0] for r in last], np.float64)
+    return nan_to_none(recent_return(sums, counts, min_episodes)) if last else None
+
+
 def reached(rec: dict, target) -> bool:
-    """Whether a round's return reached `run.target_return` (never without a target)."""
-    return target is not None and rec.get("return") is not None and rec["return"] >= target
+    """Whether a round's recent return (`return_recent`) reached `run.target_return`
+    (never without a target)."""
+    ret = rec.get("return_recent")
+    return target is not None and ret is not None and ret >= target
 
 
 def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
@@ -286,6 +320,7 @@ class RoundTrainer:
         try:
             while (n := self._next_round(r, env_steps, history + records)) is not None:
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
+                rec["return_recent"] = recent_return_of(history + records + [rec], cfg.run.target_episodes)
                 r, env_steps = r + 1, rec["env_steps"]
                 logger.log([rec])
                 records.append(rec)

@@ -43,7 +43,7 @@ def test_help_prints_usage():
 
 def test_train_writes_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("train", f"run.dir={run_dir}", "algo.total_timesteps=10240",
+    out = run_cli("train", "backend=fused", f"run.dir={run_dir}", "algo.total_timesteps=10240",
                   "run.progress=false", "num_seeds=2")
     assert out.returncode == 0, out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -72,7 +72,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("+algo.foo=1", "'algo.foo'"),
     ("env.id=NoSuchEnv-v0", "env.id"),
     ("env.num_envs=0", "env.num_envs"),
-    ("algo.num_minibatches=3", "algo.num_minibatches"),
+    ("algo.minibatch_size=100", "algo.minibatch_size"),
     ("env=nosuch", "env preset 'nosuch'"),
     ("algo.lr=[", "algo.lr"),
 ])
@@ -89,12 +89,17 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
 
 def test_yaml_defaults_match_the_dataclass_defaults():
     """configs/ mirrors jaxrl_dist.config; a changed default must change both. The
-    default env preset (cartpole) also sets the adapt scheduler's return range."""
+    main job picks the local backend and the learned scheduler, and the default env
+    preset (cartpole) sets its minibatch size, target and the adapt scheduler's range."""
     import dataclasses
 
     expected = Config()
-    expected = dataclasses.replace(expected, scheduler=dataclasses.replace(
-        expected.scheduler, min_return=0.0, max_return=500.0))
+    expected = dataclasses.replace(
+        expected, scheduler=dataclasses.replace(expected.scheduler, name="learned", min_return=0.0,
+                                                max_return=500.0),
+        backend=dataclasses.replace(expected.backend, name="local"),
+        algo=dataclasses.replace(expected.algo, minibatch_size=128),
+        run=dataclasses.replace(expected.run, target_return=475.0))
     assert from_dict(cli.compose([])) == expected
 
 

@@ -227,8 +227,8 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     port = free_port()
     live = Server(port=port)
     overrides = [f"backend.urls=[{live.url}]", f"backend.token={TOKEN}", "backend.max_retries=1",
-                 "backend.envs_per_shard=4", "backend.max_shards=4", "scheduler.num_shards=2",
-                 "algo.num_steps=16", "algo.num_minibatches=2", "algo.update_epochs=2",
+                 "backend.envs_per_shard=4", "backend.max_shards=4", "scheduler=fixed",
+                 "scheduler.num_shards=2", "algo.num_steps=16", "algo.minibatch_size=null", "algo.num_minibatches=2", "algo.update_epochs=2",
                  "algo.total_timesteps=25600", "run.checkpoint_every=2",
                  "run.progress=false", "run.tensorboard=false"]
     run_dir = tmp_path / "http"
@@ -276,8 +276,8 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     a, b = Server(), Server()
     try:
         over = ["env.id=CartPole-v1", "env.suite=envpool", "backend.envs_per_shard=4",
-                "backend.max_shards=2", "scheduler.num_shards=2", "algo.num_steps=16",
-                "algo.num_minibatches=2", "algo.update_epochs=2", "algo.total_timesteps=640",
+                "backend.max_shards=2", "scheduler=fixed", "scheduler.num_shards=2",
+                "algo.num_steps=16", "algo.minibatch_size=null", "algo.num_minibatches=2", "algo.update_epochs=2", "algo.total_timesteps=640",
                 "run.progress=false", "run.tensorboard=false", "run.compile_cache=false"]
         http = train(load_config(["backend=http", f"backend.urls=[{a.url},{b.url}]",
                                   f"backend.token={TOKEN}", f"run.dir={tmp_path / 'h'}"] + over))
