@@ -185,7 +185,7 @@ def _scheduler_parser(sub) -> None:
                             "round; the cost model (cost=...) prices it. Writes a msgpack file.")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     train.add_argument("--out", required=True, help="the scheduler file to write")
-    train.add_argument("--init-from", help="a scheduler file to fine-tune from")
+    train.add_argument("--init-from", help="a scheduler file to fine-tune from (or scheduler.init_from=PATH)")
     train.add_argument("--updates", type=int, default=60, help="PPO updates of the scheduler")
     train.add_argument("--episodes", type=int, default=8, help="training runs side by side")
     train.add_argument("--rollout", type=int, default=16, help="rounds per scheduler update")
@@ -272,7 +272,10 @@ def _scheduler_train(args) -> int:
         raise CliConfigError(flag + " ".join(str(err).split())) from err
     print(f"profile: {learned.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
     env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
-    init = learned.load(args.init_from) if args.init_from else None
+    init_from = args.init_from or cfg.scheduler.init_from
+    if init_from and not Path(init_from).is_file():
+        raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
+    init = learned.load(init_from) if init_from else None
     trained = learned.train_scheduler(env, args.rollout, args.updates, args.seed, init)
     print(f"wrote {learned.save(trained, args.out)}")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
@@ -345,7 +346,9 @@ def policy(trained: Trained):
 class LearnedScheduler:
     """`scheduler=learned`: the trained policy's greedy n from the last round's features.
 
-    Loads `scheduler.path`, else the preset shipped for `env.id`.
+    Loads `scheduler.path`, else the preset shipped for `env.id`, else (with a
+    note) the CartPole-v1 preset. A scheduler trained on another task sees this
+    task's returns scaled by its own range (`scale_for`).
     """
 
     name = "learned"
@@ -355,17 +358,19 @@ class LearnedScheduler:
 
         env_id = full.env.id if full is not None else "CartPole-v1"
         path = Path(cfg.path) if cfg.path else preset_path(env_id)
+        if not cfg.path and not path.is_file():
+            print(f"note: no scheduler preset for env.id {env_id!r}; using {FALLBACK}'s "
+                  f"(train one with `jaxrl-dist scheduler train`)", file=sys.stderr)
+            path = preset_path(FALLBACK)
         if not path.is_file():
-            where = f"scheduler.path: no such file {path}" if cfg.path else \
-                f"scheduler.path: no trained scheduler ships for env.id {env_id!r}"
-            raise ConfigError(f"{where}; train one with `jaxrl-dist scheduler train`")
+            raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
         trained = load(path)
         M = trained.meta["max_shards"]
         if M > backend_cfg.max_shards:
             raise ConfigError(f"backend.max_shards={backend_cfg.max_shards} is below the "
                               f"{M} shards the scheduler in {path} chooses from")
         self.trained, self.act = trained, policy(trained)
-        self.scale = Scale(**trained.meta["scale"])
+        self.scale = scale_for(trained, full)
 
     def num_shards(self, round_: int, history: list, budget_left: float = 1.0) -> int:
         obs = obs_from_records(history, self.scale, budget_left)
@@ -373,6 +378,26 @@ class LearnedScheduler:
 
     def expected_shards(self) -> float:
         return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
+
+
+FALLBACK = "CartPole-v1"
+
+
+def scale_for(trained: Trained, full=None) -> Scale:
+    """The trained scale, with the return range of the task it now schedules when that
+    is another task: `scheduler.min_return` (or 0) up to `run.target_return` (or
+    `scheduler.max_return`)."""
+    from jaxrl_dist.config import ConfigError
+
+    s = Scale(**trained.meta["scale"])
+    if full is None or trained.meta["env_id"] == full.env.id:
+        return s
+    hi = full.run.target_return if full.run.target_return is not None else full.scheduler.max_return
+    if hi is None:
+        raise ConfigError(f"run.target_return: the scheduler was trained on {trained.meta['env_id']}; "
+                          f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
+    lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
+    return s._replace(return_lo=float(lo), return_hi=float(hi))
 
 
 def preset_path(env_id: str) -> Path:

@@ -93,3 +93,21 @@ def test_missing_scheduler_file_names_the_key():
     cfg = from_dict({"backend": {"name": "local"}, "scheduler": {"name": "learned", "path": "/nope.msgpack"}})
     with pytest.raises(ConfigError, match="scheduler.path"):
         make_scheduler(cfg.scheduler, cfg.backend, cfg)
+
+
+def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
+    """No preset for Acrobot: the CartPole preset, with a note, and Acrobot's own
+    return range; without a target or range the error names the key."""
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.schedulers import make_scheduler
+
+    base = {"env": {"id": "Acrobot-v1"}, "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
+    cfg = from_dict({**base, "run": {"target_return": -100.0}, "scheduler": {"name": "learned",
+                                                                              "min_return": -500.0}})
+    sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    assert "no scheduler preset for env.id 'Acrobot-v1'" in capsys.readouterr().err
+    assert (sched.scale.return_lo, sched.scale.return_hi) == (-500.0, -100.0)
+    assert 1 <= sched.num_shards(0, []) <= sched.scale.max_shards
+    with pytest.raises(ConfigError, match="run.target_return"):
+        cfg = from_dict(base)
+        make_scheduler(cfg.scheduler, cfg.backend, cfg)
