@@ -59,6 +59,13 @@ def play(env, choose, seed: int) -> dict:
             "mean_n": float(np.concatenate(ns).mean())}
 
 
+def greedy(trained: learned.Trained, env: learned.SchedulingEnv):
+    """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax."""
+    net = make_network(env.spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
+    params = jax.tree.map(jnp.asarray, trained.params)
+    return jax.jit(lambda o: jnp.argmax(net.apply(params, o).logits, -1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("scheduler", help="a trained scheduler file")
@@ -69,11 +76,8 @@ def main() -> None:
     opts = p.parse_args()
     trained = learned.load(opts.scheduler)
     env = make_env(trained, opts.overrides, opts.episodes)
-    net = make_network(env.spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
-    params = jax.tree.map(jnp.asarray, trained.params)
-    greedy = jax.jit(lambda o: jnp.argmax(net.apply(params, o).logits, -1))
     M = env.opts.max_shards
-    policies = {"learned": greedy}
+    policies = {"learned": greedy(trained, env)}
     for n in sorted({1, 2, max(1, M // 2), M}):
         policies[f"fixed {n}"] = lambda o, n=n: jnp.full((env.num_envs,), n - 1)
     rows = {}

@@ -1,0 +1,85 @@
+"""Fine-tuning a learned scheduler on another task against training it from scratch.
+
+The scratch scheduler trains `--updates` PPO updates on the task's scheduling
+MDP; its greedy policy's score is its mean episode return on `--eval-episodes`
+fixed inner runs (`scheduler_mdp.play`, the same keys for every policy). The
+fine-tuned one starts from another task's scheduler (`--init-from`, default
+the CartPole-v1 preset) and is scored after each of `--stages` updates; the
+result is the first stage whose score reaches the scratch score, as a
+fraction of the scratch training's updates and wall seconds. Stage 0 is the
+other task's scheduler unchanged (zero-shot, on this task's return scale).
+
+    python bench/scheduler_finetune.py env=acrobot --updates 60 --stages 0,2,4,6
+
+Writes `bench/results/scheduler_finetune.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, write_json  # noqa: E402
+from scheduler_mdp import greedy, play  # noqa: E402
+
+from jaxrl_dist import learned  # noqa: E402
+from jaxrl_dist.platform import configure_cpu  # noqa: E402
+
+
+def make_env(overrides: list, opts) -> learned.SchedulingEnv:
+    cfg, sched = learned.task_and_options(overrides, opts.max_rounds, opts.time_weight, 10.0)
+    return learned.SchedulingEnv(cfg, cfg.cost, sched, opts.episodes)
+
+
+def timed_training(env, updates: int, seed: int, init=None) -> tuple:
+    t0 = time.perf_counter()
+    trained = learned.train_scheduler(env, 16, updates, seed, init, log=lambda s: None)
+    return trained, time.perf_counter() - t0
+
+
+def score(trained, overrides: list, opts) -> dict:
+    env = make_env(overrides, argparse.Namespace(**{**vars(opts), "episodes": opts.eval_episodes}))
+    return play(env, greedy(trained, env), opts.eval_seed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("overrides", nargs="*", help="the task's config overrides (env=..., scheduler.max_shards=...)")
+    p.add_argument("--init-from", default=str(learned.preset_path("CartPole-v1")))
+    p.add_argument("--updates", type=int, default=60, help="scratch training's PPO updates")
+    p.add_argument("--stages", default="0,2,4,6", help="fine-tuning updates after which to score")
+    p.add_argument("--episodes", type=int, default=8)
+    p.add_argument("--max-rounds", type=int, default=60)
+    p.add_argument("--time-weight", type=float, default=0.6)
+    p.add_argument("--eval-episodes", type=int, default=16)
+    p.add_argument("--eval-seed", type=int, default=123)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_finetune.json"))
+    opts = p.parse_args()
+    configure_cpu()
+    env = make_env(opts.overrides, opts)
+    scratch, scratch_s = timed_training(env, opts.updates, 0)
+    target = score(scratch, opts.overrides, opts)
+    print(f"scratch: {opts.updates} updates in {scratch_s:.0f} s, score {target['return_mean']:.2f} "
+          f"(reached {target['reached']:.2f}, mean n {target['mean_n']:.1f})", flush=True)
+    tuned, done, spent, stages = learned.load(opts.init_from), 0, 0.0, []
+    for k in (int(x) for x in opts.stages.split(",")):
+        if k > done:
+            tuned, secs = timed_training(env, k - done, 1, tuned)
+            done, spent = k, spent + secs
+        s = score(tuned, opts.overrides, opts)
+        stages.append({"updates": k, "train_s": spent, **s})
+        print(f"fine-tuned {k} updates ({spent:.0f} s): score {s['return_mean']:.2f} "
+              f"(reached {s['reached']:.2f}, mean n {s['mean_n']:.1f})", flush=True)
+    hit = next((st for st in stages if st["return_mean"] >= target["return_mean"]), None)
+    result = {"scratch": {"updates": opts.updates, "train_s": scratch_s, **target}, "stages": stages,
+              "reached_scratch_at": hit and {"updates": hit["updates"],
+                                             "update_fraction": hit["updates"] / opts.updates,
+                                             "wall_fraction": hit["train_s"] / scratch_s}}
+    print(result["reached_scratch_at"])
+    write_json(opts.out, {"machine": machine_info(), "args": vars(opts), **result})
+
+
+if __name__ == "__main__":
+    main()

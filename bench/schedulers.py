@@ -1,0 +1,215 @@
+"""Schedulers compared on real training runs, priced by the same cost model.
+
+For each task and policy, `--seeds` runs of the round trainer on the local
+backend (every policy's seed `s` starts from the same params and keys), each
+stopping at the task's target return (`run.stop_at_target`) or its step
+budget. Policies:
+
+- `max`: always `backend.max_shards` (32) shards; `fixed8`: 8; `adapt`
+  (reward ratio); `ramp`; `learned`: the scheduler preset for the task
+  (`scheduler=learned`), all priced as serverless functions (`cost=azure_aci`);
+- `cluster`: `max` on the server-based cluster (`cost=vm_cluster`): 32 vCPUs
+  billed for their whole life, start-up included, so using them all is its
+  natural schedule.
+
+Per policy (mean and std over seeds): modeled time to target, measured wall
+time to target, dollars to target, final return, shards per round; and the
+targets' ratios: learned against max (cost and time to target), serverless
+against the cluster. The modeled clock and dollars come from the cost preset
+(`configs/cost/`); measured wall time is this machine's.
+
+    python bench/schedulers.py                       # CartPole-v1, 3 seeds
+    python bench/schedulers.py --tasks cartpole,hopper --seeds 3
+    python bench/schedulers.py --quick               # a smoke run
+
+Writes `bench/results/schedulers.{json,md}` and PNGs under
+`bench/results/schedulers/`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import fmt, machine_info, markdown_table, print_table, write_json  # noqa: E402
+
+from jaxrl_dist.platform import configure_cpu  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+POLICIES = {
+    "max": ["scheduler=max"],
+    "fixed8": ["scheduler=fixed", "scheduler.num_shards=8"],
+    "adapt": ["scheduler=adapt"],
+    "ramp": ["scheduler=ramp", "scheduler.step=2", "scheduler.every=1"],
+    "learned": ["scheduler=learned"],
+    "cluster": ["scheduler=max", "cost=vm_cluster"],
+}
+
+# Each task's settings; `budget` says whether it is the task's full budget on this machine.
+TASKS = {
+    "cartpole": {"overrides": ["env=cartpole", "run.target_return=475"], "budget": "full (5e5 steps)"},
+    "hopper": {"overrides": ["env=hopper", "algo.total_timesteps=300000", "run.target_return=1000",
+                             "algo.minibatch_size=64", "backend.envs_per_shard=4"],
+               "budget": "shortened: 3e5 steps, target 1000"},
+    "spaceinvaders": {"overrides": ["env=spaceinvaders", "algo.total_timesteps=100000",
+                                    "run.target_return=250", "backend.envs_per_shard=2",
+                                    "algo.minibatch_size=64"],
+                      "budget": "shortened: 1e5 steps, target 250"},
+}
+
+METRICS = ("time_to_target_s", "wall_to_target_s", "cost_to_target_usd", "final_return",
+           "cost_usd", "modeled_seconds", "mean_shards", "rounds")
+
+
+def run_one(task: str, policy: str, seed: int, root: Path, extra: list) -> dict:
+    """One training run; its summary plus the shards it ran each round."""
+    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.runner import train
+
+    run_dir = root / task / policy / f"seed{seed}"
+    cfg = load_config(["backend=local", "run.stop_at_target=true", "run.progress=false",
+                       "run.tensorboard=false", f"seed={seed}", f"run.dir={run_dir}"]
+                      + TASKS[task]["overrides"] + POLICIES[policy] + extra)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # each run's summary table; the bench prints its own
+        summary = train(cfg)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    shards = [r["num_shards"] for r in records]
+    out = {k: summary.get(k) for k in METRICS if k in summary}
+    out.update({"seed": seed, "process_s": time.perf_counter() - t0, "shards": shards,
+                "mean_shards": statistics.fmean(shards), "rounds": len(shards),
+                "reached": summary.get("time_to_target_s") is not None, "run_dir": str(run_dir)})
+    return out
+
+
+def stats(values: list) -> dict:
+    """Mean and std of the non-null values, and how many there were."""
+    xs = [v for v in values if v is not None]
+    return {"mean": statistics.fmean(xs) if xs else None,
+            "std": statistics.stdev(xs) if len(xs) > 1 else 0.0 if xs else None, "n": len(xs)}
+
+
+def aggregate(runs: list) -> dict:
+    return {k: stats([r.get(k) for r in runs]) for k in METRICS}
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def targets(agg: dict) -> dict:
+    """The issue's ratios from the per-policy means (to target: reached runs only)."""
+    m = lambda p, k: (agg.get(p) or {}).get(k, {}).get("mean")  # noqa: E731
+    return {"learned_cost_vs_max": ratio(m("learned", "cost_to_target_usd"), m("max", "cost_to_target_usd")),
+            "learned_time_vs_max": ratio(m("learned", "time_to_target_s"), m("max", "time_to_target_s")),
+            "learned_cost_vs_cluster": ratio(m("learned", "cost_to_target_usd"),
+                                             m("cluster", "cost_to_target_usd")),
+            "max_serverless_cost_vs_cluster": ratio(m("max", "cost_to_target_usd"),
+                                                    m("cluster", "cost_to_target_usd")),
+            "learned_total_cost_vs_cluster": ratio(m("learned", "cost_usd"), m("cluster", "cost_usd"))}
+
+
+def cell(s: dict, digits: int = 3, money: bool = False) -> str:
+    if s["mean"] is None:
+        return "not reached"
+    text = f"{'$' if money else ''}{fmt(s['mean'], digits)} ± {fmt(s['std'], 2)}"
+    return text
+
+
+def table_rows(task: str, agg: dict, runs: dict, seeds: int) -> list:
+    rows = []
+    for policy, a in agg.items():
+        reached = sum(r["reached"] for r in runs[policy])
+        rows.append([task, policy, f"{reached}/{seeds}", cell(a["time_to_target_s"]),
+                     cell(a["wall_to_target_s"]), cell(a["cost_to_target_usd"], money=True),
+                     cell(a["final_return"]), cell(a["mean_shards"]), cell(a["rounds"])])
+    return rows
+
+
+HEADERS = ["task", "policy", "reached", "modeled time to target (s)", "wall to target (s)",
+           "cost to target", "final return", "shards/round", "rounds"]
+
+
+def plot(task: str, runs: dict, out_dir: Path) -> list:
+    """Shards per round (every seed) and cost against time to target (every run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, (policy, rs) in enumerate(runs.items()):
+        color = plt.get_cmap("tab10")(i)
+        for j, r in enumerate(rs):
+            ax1.plot(range(1, len(r["shards"]) + 1), r["shards"], color=color, alpha=0.8,
+                     label=policy if j == 0 else None, drawstyle="steps-mid")
+            if r["reached"]:
+                ax2.scatter(r["time_to_target_s"], r["cost_to_target_usd"], color=color,
+                            label=policy if j == 0 else None)
+    ax1.set(xlabel="round", ylabel="shards", title=f"{task}: shards per round")
+    ax2.set(xlabel="modeled time to target (s)", ylabel="dollars to target", xscale="log",
+            yscale="log", title=f"{task}: cost against time to target")
+    for ax in (ax1, ax2):
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / f"{task}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def report_plots(task: str, runs: dict, out_dir: Path) -> list:
+    """`jaxrl-dist report`'s figures for every policy's seed-0 run."""
+    from jaxrl_dist import report
+
+    loaded = {p: report.load_run(rs[0]["run_dir"]).records for p, rs in runs.items() if rs}
+    return report.plot_runs(loaded, out_dir / task)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", default="cartpole")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="one seed, a tiny budget")
+    ap.add_argument("--out", default=str(RESULTS / "schedulers"))
+    ap.add_argument("overrides", nargs="*", help="extra KEY=VALUE for every run")
+    args = ap.parse_args()
+    configure_cpu()
+    extra = list(args.overrides) + (["algo.total_timesteps=20480"] if args.quick else [])
+    seeds = 1 if args.quick else args.seeds
+    out = {"machine": machine_info(), "seeds": seeds, "extra_overrides": extra, "tasks": {}}
+    rows, out_path = [], Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="sched-bench-") as tmp:
+        for task in args.tasks.split(","):
+            runs = {p: [run_one(task, p, s, Path(tmp), extra) for s in range(seeds)]
+                    for p in args.policies.split(",")}
+            agg = {p: aggregate(rs) for p, rs in runs.items()}
+            pngs = plot(task, runs, out_path) + report_plots(task, runs, out_path)
+            out["tasks"][task] = {"budget": TASKS[task]["budget"], "overrides": TASKS[task]["overrides"],
+                                  "policies": {p: {"overrides": POLICIES[p], "runs": runs[p], "summary": agg[p]}
+                                               for p in runs},
+                                  "targets": targets(agg), "plots": [str(p) for p in pngs]}
+            rows += table_rows(task, agg, runs, seeds)
+            print_table(f"{task} ({TASKS[task]['budget']})", HEADERS, table_rows(task, agg, runs, seeds))
+            print(json.dumps(targets(agg), indent=1))
+    write_json(out_path.with_suffix(".json"), out)
+    md = [markdown_table(HEADERS, rows), ""]
+    for task, t in out["tasks"].items():
+        md.append(f"- {task} ({t['budget']}): " + ", ".join(
+            f"{k} {fmt(v) if v is not None else '-'}" for k, v in t["targets"].items()))
+    out_path.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(f"wrote {out_path.with_suffix('.json')}, {out_path.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
