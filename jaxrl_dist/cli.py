@@ -271,7 +271,10 @@ def _scheduler_train(args) -> int:
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + " ".join(str(err).split())) from err
     print(f"profile: {learned.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
-    env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
+    try:
+        env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
+    except ConfigError as err:
+        raise CliConfigError(str(err)) from err
     init_from = args.init_from or cfg.scheduler.init_from
     if init_from and not Path(init_from).is_file():
         raise CliConfigError(f"scheduler.init_from: no such file {init_from}")

@@ -58,9 +58,8 @@ def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
                            derived.normalize_reward, a.gamma, cfg.env.clip_obs,
                            cfg.env.clip_reward, unroll)
     loop_free = needs_loop_free(network, spec)
-    popts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef,
-                           a.vf_coef, a.update_epochs, m, a.norm_adv,
-                           spec.discrete, spec.delayed_reset, loop_free)
+    # the fused batch is never padded: minibatch_size only sets the count `m`
+    popts = ppo.options(a, spec.discrete, spec.delayed_reset, loop_free, m)._replace(minibatch_size=0)
     return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
 
 

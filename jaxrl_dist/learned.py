@@ -175,6 +175,11 @@ class SchedulingEnv:
 
         self.task_cfg, self.cost_cfg, self.opts, self.num_envs = task_cfg, cost_cfg, opts, num_envs
         suite = resolve_suite(task_cfg.env.id, task_cfg.env.suite)
+        if suite != "gymnax":  # the inner runs are vmapped JAX programs: no C++ envs inside
+            from jaxrl_dist.config import ConfigError
+
+            raise ConfigError(f"env.id: the scheduling MDP runs the task in JAX (gymnax); {task_cfg.env.id} "
+                              f"runs on {suite}: schedule it with a gymnax task's scheduler")
         self.program = ShardProgram(spec_from_config(task_cfg, suite, False))
         M = opts.max_shards
         self.learner = make_learner(task_cfg, self.program, M / 2)

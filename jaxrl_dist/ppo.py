@@ -34,6 +34,13 @@ class PPOOptions(NamedTuple):
     minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
 
 
+def options(a, discrete: bool, masked: bool, unroll: bool, minibatches: int) -> PPOOptions:
+    """`PPOOptions` from an `AlgoConfig` (every trainer builds its options here)."""
+    return PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
+                      a.update_epochs, minibatches, a.norm_adv, discrete, masked, unroll,
+                      a.minibatch_size or 0)
+
+
 class Batch(NamedTuple):
     """One flat minibatch `[M, ...]` for the loss."""
 

@@ -94,10 +94,9 @@ def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> 
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
     steps = grad_steps(a, num_rounds)
     tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, steps if a.anneal_lr else 0)
-    opts = ppo.PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
-                          a.update_epochs, a.num_minibatches, a.norm_adv, spec.discrete, True,
-                          program.network.torso == "cnn" and jax.default_backend() == "cpu",
-                          a.minibatch_size or 0)
+    opts = ppo.options(a, spec.discrete, True,
+                       program.network.torso == "cnn" and jax.default_backend() == "cpu",
+                       a.num_minibatches)
     fn = make_learn_fn(program.network.apply, opts)
     return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 

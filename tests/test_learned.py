@@ -111,3 +111,12 @@ def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
     with pytest.raises(ConfigError, match="run.target_return"):
         cfg = from_dict(base)
         make_scheduler(cfg.scheduler, cfg.backend, cfg)
+
+
+def test_an_envpool_task_cannot_be_the_scheduling_mdp():
+    from jaxrl_dist.config import ConfigError, CostConfig
+
+    cfg = from_dict({"env": {"id": "CartPole-v1", "suite": "envpool"}, "backend": {"name": "local"}})
+    opts = learned.SchedOptions(2, 4, 475.0, 0.5, 10.0, learned.Profile(), learned.Scale(0.0, 500.0, 4, 2))
+    with pytest.raises(ConfigError, match="env.id: the scheduling MDP runs the task in JAX"):
+        learned.SchedulingEnv(cfg, CostConfig(), opts, 2)

@@ -608,3 +608,22 @@ def test_setup_anneals_over_all_gradient_steps(cartpole_chunks):
     grads = jax.tree.map(jnp.ones_like, params)
     updates, _ = jax.jit(setup.tx.update)(grads, opt_state, params)
     assert max(float(jnp.abs(u).max()) for u in jax.tree.leaves(updates)) == 0.0
+
+
+def test_minibatch_size_runs_one_step_per_minibatch_of_real_samples(real):
+    """Under `minibatch_size` the real samples set the step count; skipped steps
+    leave params and the optimiser (and so the LR schedule) untouched."""
+    net, state, opts, (traj, _) = real
+    size = T_ * B_ // 4
+    update = jax.jit(ppo.make_update(net.apply, opts._replace(minibatch_size=size, masked=True)))
+    last_value, key = jnp.zeros((B_,)), jax.random.PRNGKey(3)
+    half = jnp.broadcast_to(jnp.arange(B_) < B_ // 2, (T_, B_))
+    for real_mask, steps in ((jnp.ones((T_, B_), bool), 4), (half, 2), (jnp.zeros((T_, B_), bool), 0)):
+        padded = traj._replace(valid=real_mask)
+        new, metrics = update(state, padded, last_value, key, real_mask)
+        assert int(new.step) == steps * opts.update_epochs
+        counts = [int(x) for x in jax.tree.leaves(new.opt_state) if jnp.issubdtype(x.dtype, jnp.integer)]
+        assert counts and all(c == steps * opts.update_epochs for c in counts)
+        if steps == 0:
+            jax.tree.map(np.testing.assert_array_equal, new.params, state.params)
+        assert all(np.isfinite(float(v)) for v in metrics.values())
