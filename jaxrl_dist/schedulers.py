@@ -13,16 +13,14 @@ subclasses `Scheduler`, implements `propose(round_, history) -> float` (the base
 rounds it and clips it to `[min_shards, max_shards]`) and is registered in
 `BUILTIN` or under the entry-point group `jaxrl_dist.schedulers`.
 
-`round_features(history, cfg, budget_left)` is a learned scheduler's view of a
-run: one float32 per name in `FEATURE_NAMES`, each in [-1, 1] (most in [0, 1]),
-so that one network moves between tasks.
+A learned scheduler's view of a run is `learned.features` (`learned.FEATURES`).
 """
 from __future__ import annotations
 
 import math
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -213,75 +211,6 @@ class AdaptScheduler(Scheduler):
         """`progress` stands in for the ratio: `expected_shards` assumes the
         return climbs linearly in env steps from min to max over the run."""
         return self.min_shards + progress * (self.max_shards - self.min_shards)
-
-
-# Round features for a learned scheduler, in order. Each is normalised so that
-# one network can move between tasks whose returns, losses and round times
-# differ by orders of magnitude; every feature is 0 before the first round
-# except `budget_left`.
-FEATURE_NAMES = (
-    "progress",      # round index as the fraction of algo.total_timesteps done (rounds differ in size) [0, 1]
-    "loss",          # last learner loss / the largest |loss| seen [-1, 1]
-    "return",        # last return between scheduler.min/max_return (null: running min/max) [0, 1]
-    "approx_kl",     # last approx KL, kl / (kl + 0.01): 0.5 at a typical PPO target KL [0, 1)
-    "learn_frac",    # learner time, learn_s / round_s [0, 1]
-    "actor_serial",  # actor time, busy_s / shard_s_median (shards run back to back on the
-                     # busiest worker), log1p-scaled by log1p(max_shards) [0, 1]
-    "round_time",    # round_s / median round_s so far, r / (1 + r): 0.5 for a typical round [0, 1)
-    "budget_left",   # fraction of the budget left, 1 with no budget [0, 1]
-    "num_shards",    # last round's n / max_shards [0, 1]
-)
-KL_SCALE = 0.01
-
-
-def _value(rec: dict, key: str) -> float:
-    """A record's `key` as a finite float; 0 when absent, null or not finite."""
-    x = rec.get(key)
-    return float(x) if x is not None and math.isfinite(x) else 0.0
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den > 0 else 0.0
-
-
-def _return_feature(history: list, scheduler_cfg) -> float:
-    returns = finite_returns(history)
-    if not returns:
-        return 0.0
-    lo, hi = return_bounds(returns, scheduler_cfg.min_return, scheduler_cfg.max_return)
-    return return_ratio(returns[-1], lo, hi, scheduler_cfg.max_return is not None)
-
-
-def _round_time_feature(history: list) -> float:
-    times = [t for t in (_value(rec, "round_s") for rec in history) if t > 0]
-    r = _ratio(_value(history[-1], "round_s"), float(np.median(times)) if times else 0.0)
-    return r / (1.0 + r)
-
-
-def round_features(history: list, cfg, budget_left: Optional[float] = None) -> np.ndarray:
-    """`[len(FEATURE_NAMES)]` float32 features of a run after the rounds in
-    `history` (per-round records), `cfg` the full `Config`, `budget_left` the
-    fraction of the budget left (None: no budget). Pure; zeros when empty."""
-    budget = 1.0 if budget_left is None else float(np.clip(budget_left, 0.0, 1.0))
-    if not history:
-        return np.array([budget if k == "budget_left" else 0.0 for k in FEATURE_NAMES], np.float32)
-    last, max_shards = history[-1], shard_range(cfg.scheduler, cfg.backend)[1]
-    loss_scale = max(abs(_value(rec, "loss")) for rec in history)
-    kl = max(_value(last, "approx_kl"), 0.0)
-    serial = _ratio(_value(last, "busy_s"), _value(last, "shard_s_median"))
-    values = {
-        "progress": _ratio(_value(last, "env_steps"), cfg.algo.total_timesteps),
-        "loss": _ratio(_value(last, "loss"), loss_scale),
-        "return": _return_feature(history, cfg.scheduler),
-        "approx_kl": kl / (kl + KL_SCALE),
-        "learn_frac": _ratio(_value(last, "learn_s"), _value(last, "round_s")),
-        "actor_serial": math.log1p(serial) / math.log1p(max_shards),
-        "round_time": _round_time_feature(history),
-        "budget_left": budget,
-        "num_shards": _value(last, "num_shards") / max_shards,
-    }
-    out = np.array([values[k] for k in FEATURE_NAMES], np.float32)
-    return np.clip(out, -1.0, 1.0)
 
 
 def available() -> dict:

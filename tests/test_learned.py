@@ -120,3 +120,19 @@ def test_an_envpool_task_cannot_be_the_scheduling_mdp():
     opts = learned.SchedOptions(2, 4, 475.0, 0.5, 10.0, learned.Profile(), learned.Scale(0.0, 500.0, 4, 2))
     with pytest.raises(ConfigError, match="env.id: the scheduling MDP runs the task in JAX"):
         learned.SchedulingEnv(cfg, CostConfig(), opts, 2)
+
+
+def test_features_from_records_hand_checked():
+    """What `scheduler=learned` sees after some rounds (the MDP computes the same)."""
+    scale = learned.Scale(0.0, 500.0, 60, 16)
+    empty = learned.features(learned.obs_from_records([], scale, 0.5), scale, np)
+    assert empty.dtype == np.float32 and empty.shape == (len(learned.FEATURES),)
+    assert dict(zip(learned.FEATURES, empty))["budget_left"] == 0.5
+    history = [{"return_recent": 100.0, "loss": 1.0, "approx_kl": 0.01, "learn_s": 1.0, "busy_s": 1.0,
+                "round_s": 4.0, "num_shards": 8},
+               {"return_recent": None, "loss": 0.0, "approx_kl": 0.0, "learn_s": 1.0, "busy_s": 2.0,
+                "round_s": 4.0, "num_shards": 4}]
+    f = dict(zip(learned.FEATURES, learned.features(learned.obs_from_records(history, scale), scale, np)))
+    want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
+            "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "n_frac": 0.25}
+    assert f == pytest.approx(want)

@@ -9,12 +9,11 @@ import logging
 import math
 
 import jax
-import numpy as np
 import pytest
 
 from jaxrl_dist.backends import bucket
 from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict
-from jaxrl_dist.schedulers import FEATURE_NAMES, Scheduler, make_scheduler, round_features
+from jaxrl_dist.schedulers import Scheduler, make_scheduler
 
 SHARD_STEPS = 4 * 16  # envs_per_shard * num_steps in `config`
 
@@ -132,64 +131,6 @@ def test_bounds_against_the_backend_are_named(tmp_path):
 
     with pytest.raises(ConfigError, match=r"scheduler\.max_shards"):  # before any round runs
         train(config(tmp_path / "run", {"name": "max", "max_shards": 8}))
-
-
-# --- round features ------------------------------------------------------------
-
-def record(**over) -> dict:
-    rec = {"round": 2, "env_steps": 320, "num_shards": 4, "return": 250.0, "loss": -1.0,
-           "approx_kl": 0.01, "learn_s": 1.0, "round_s": 4.0, "busy_s": 2.0, "shard_s_median": 1.0}
-    return {**rec, **over}
-
-
-def feature_cfg(**scheduler):
-    return from_dict({"algo": {"total_timesteps": 640, "num_steps": 16},
-                      "backend": {"name": "local", "max_shards": 8, "envs_per_shard": 4},
-                      "scheduler": {"min_return": 0.0, "max_return": 500.0, **scheduler}})
-
-
-def test_features_on_an_empty_history():
-    f = round_features([], feature_cfg())
-    assert f.dtype == np.float32 and f.shape == (len(FEATURE_NAMES),) == (9,)
-    assert dict(zip(FEATURE_NAMES, f)) == {k: (1.0 if k == "budget_left" else 0.0) for k in FEATURE_NAMES}
-    assert round_features([], feature_cfg(), budget_left=0.3)[FEATURE_NAMES.index("budget_left")] == \
-        pytest.approx(0.3)
-
-
-def test_features_hand_checked():
-    history = [record(round=1, env_steps=64, loss=2.0, round_s=2.0), record(round_s=4.0),
-               record(round=3, env_steps=320)]
-    f = dict(zip(FEATURE_NAMES, round_features(history, feature_cfg(), budget_left=0.25)))
-    # progress 320/640; loss -1/2; return 250 in 0..500; kl .01/(.01+.01); learn 1/4;
-    # actor log1p(2/1)/log1p(8) = log 3 / log 9; round 4 / median(2, 4, 4) -> 1/2; n 4/8
-    want = {"progress": 0.5, "loss": -0.5, "return": 0.5, "approx_kl": 0.5, "learn_frac": 0.25,
-            "actor_serial": 0.5, "round_time": 0.5, "budget_left": 0.25, "num_shards": 0.5}
-    assert f == pytest.approx(want)
-
-
-def test_features_with_running_return_range_and_missing_values():
-    cfg = feature_cfg(min_return=None, max_return=None)
-    history = [record(**{"return": 10.0}), record(**{"return": 30.0}), record(**{"return": 20.0})]
-    assert round_features(history, cfg)[FEATURE_NAMES.index("return")] == pytest.approx(0.5)
-    sparse = [{"round": 1, "num_shards": 1, "return": None, "loss": None}]
-    f = round_features(sparse, cfg)
-    assert np.isfinite(f).all() and f[FEATURE_NAMES.index("num_shards")] == pytest.approx(1 / 8)
-
-
-def test_features_are_finite_and_bounded_on_random_histories():
-    rng = np.random.default_rng(0)
-    cfg = feature_cfg(min_return=None, max_return=None)
-    for _ in range(50):
-        history = [record(**{"return": float(rng.normal(0, 1e4)) if rng.random() > 0.3 else None,
-                             "loss": float(rng.normal(0, 1e3)), "approx_kl": float(rng.exponential(0.1)),
-                             "learn_s": float(rng.exponential()), "round_s": float(rng.exponential()),
-                             "busy_s": float(rng.exponential(10)), "num_shards": int(rng.integers(1, 9)),
-                             "env_steps": int(rng.integers(0, 2000))})
-                   for _ in range(int(rng.integers(1, 12)))]
-        f = round_features(history, cfg, budget_left=float(rng.uniform(-1, 2)))
-        assert f.dtype == np.float32 and np.isfinite(f).all()
-        assert (f >= -1).all() and (f <= 1).all()
-        assert (np.delete(f, FEATURE_NAMES.index("loss")) >= 0).all()
 
 
 # --- end to end -------------------------------------------------------------------
