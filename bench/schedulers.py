@@ -167,12 +167,13 @@ def plot(task: str, runs: dict, out_dir: Path) -> list:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for i, (policy, rs) in enumerate(runs.items()):
         color = plt.get_cmap("tab10")(i)
+        first_hit = next((j for j, r in enumerate(rs) if r["reached"]), None)
         for j, r in enumerate(rs):
             ax1.plot(range(1, len(r["shards"]) + 1), r["shards"], color=color, alpha=0.8,
                      label=policy if j == 0 else None, drawstyle="steps-mid")
             if r["reached"]:
                 ax2.scatter(r["time_to_target_s"], r["cost_to_target_usd"], color=color,
-                            label=policy if j == 0 else None)
+                            label=policy if j == first_hit else None)
     ax1.set(xlabel="round", ylabel="shards", title=f"{task}: shards per round")
     ax2.set(xlabel="modeled time to target (s)", ylabel="dollars to target", xscale="log",
             yscale="log", title=f"{task}: cost against time to target")

@@ -136,15 +136,27 @@ def _make_progress(total_steps: int, done_steps: int):
     return progress, task
 
 
+# A round-trainer run's headline: return, both clocks, dollars (the rest is in summary.json)
+HEADLINE = (("final_return", "final return"), ("rounds", "rounds"), ("env_steps", "env steps"),
+            ("wall_seconds", "measured wall time (s)"), ("modeled_seconds", "modeled cloud time (s)"),
+            ("cost_usd", "dollars (cost preset)"), ("cost_preset", "cost preset"),
+            ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
+            ("wall_to_target_s", "measured time to target (s)"), ("cost_to_target_usd", "dollars to target"),
+            ("run_dir", "run directory"))
+
+
 def summary_table(summary: dict):
-    """A rich table of the summary's scalar entries."""
+    """A rich table of the summary's scalar entries; a round-trainer run's headline only."""
     from rich.table import Table
 
-    table = Table(title="run summary", show_header=False)
+    table = Table(title="run summary" + (" (all of it in summary.json)" if "cost_usd" in summary else ""),
+                  show_header=False)
+    if "cost_usd" in summary:
+        summary = {label: summary.get(key) for key, label in HEADLINE}
     for key, value in summary.items():
         if isinstance(value, float):
             value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
         elif isinstance(value, list):
             value = ", ".join("-" if v is None else f"{v:.4g}" for v in value)
-        table.add_row(key, str(value))
+        table.add_row(key, "-" if value is None else str(value))
     return table

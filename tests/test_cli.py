@@ -126,10 +126,15 @@ def test_env_kwargs_is_an_open_mapping():
 
 
 def test_default_train_solves_cartpole(tmp_path):
-    """`jaxrl-dist train` with the defaults: CartPole-v1, 5e5 steps."""
+    """`jaxrl-dist train` with the defaults: CartPole-v1, 5e5 steps, the local backend,
+    the learned scheduler and serverless prices; the table shows both clocks and dollars."""
     run_dir = tmp_path / "run"
     out = run_cli("train", f"run.dir={run_dir}", "run.progress=false")
     assert out.returncode == 0, out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_id"] == "CartPole-v1" and summary["env_steps"] >= 490_000
     assert summary["final_return"] >= 475, summary
+    assert (summary["backend"], summary["scheduler"], summary["cost_preset"]) == ("local", "learned", "azure_aci")
+    assert summary["cost_usd"] > 0 and summary["modeled_seconds"] > 0 and summary["time_to_target_s"] > 0
+    for label in ("final return", "measured wall time (s)", "modeled cloud time (s)", "dollars (cost preset)"):
+        assert label in out.stdout
