@@ -10,7 +10,10 @@ budget. Policies:
   (`scheduler=learned`), all priced as serverless functions (`cost=azure_aci`);
 - `cluster`: `max` on the server-based cluster (`cost=vm_cluster`): 32 vCPUs
   billed for their whole life, start-up included, so using them all is its
-  natural schedule.
+  natural schedule;
+- `learned_lambda`, `learned_cloudrun` (not in the default set): `learned`
+  priced as `aws_lambda` or `gcp_cloud_run`, whose instances stay warm between
+  rounds (the schedule does not depend on the prices).
 
 Per policy (mean and std over seeds): modeled time to target, measured wall
 time to target, dollars to target, final return, shards per round; and the
@@ -21,6 +24,8 @@ against the cluster. The modeled clock and dollars come from the cost preset
     python bench/schedulers.py                       # CartPole-v1, 3 seeds
     python bench/schedulers.py --tasks cartpole,hopper --seeds 3
     python bench/schedulers.py --quick               # a smoke run
+    python bench/schedulers.py --tasks cartpole,hopper --policies learned_lambda,learned_cloudrun,cluster \
+        --out bench/results/schedulers_serverless    # the other serverless presets against the cluster
 
 Writes `bench/results/schedulers.{json,md}` and PNGs under
 `bench/results/schedulers/`.
@@ -51,6 +56,9 @@ POLICIES = {
     "ramp": ["scheduler=ramp", "scheduler.step=2", "scheduler.every=1"],
     "learned": ["scheduler=learned"],
     "cluster": ["scheduler=max", "cost=vm_cluster"],
+    # the same learned training priced on the other serverless presets (warm instances kept)
+    "learned_lambda": ["scheduler=learned", "cost=aws_lambda"],
+    "learned_cloudrun": ["scheduler=learned", "cost=gcp_cloud_run"],
 }
 
 # Each task's settings; `budget` says whether it is the task's full budget on this machine.
@@ -116,19 +124,21 @@ def ratio(a, b):
 
 
 def targets(agg: dict, also=()) -> dict:
-    """The issue's ratios from the per-policy means (to target: reached runs only)."""
+    """The issue's ratios from the per-policy means (to target: reached runs only):
+    learned against max, and every serverless policy against the cluster."""
     m = lambda p, k: (agg.get(p) or {}).get(k, {}).get("mean")  # noqa: E731
-    lower = {}
-    for t in (int(x) for x in also):
-        lower[f"learned_cost_vs_max_at_{t}"] = ratio(m("learned", f"cost_to_{t}_usd"), m("max", f"cost_to_{t}_usd"))
-        lower[f"learned_time_vs_max_at_{t}"] = ratio(m("learned", f"time_to_{t}_s"), m("max", f"time_to_{t}_s"))
-    return lower | {"learned_cost_vs_max": ratio(m("learned", "cost_to_target_usd"), m("max", "cost_to_target_usd")),
-            "learned_time_vs_max": ratio(m("learned", "time_to_target_s"), m("max", "time_to_target_s")),
-            "learned_cost_vs_cluster": ratio(m("learned", "cost_to_target_usd"),
-                                             m("cluster", "cost_to_target_usd")),
-            "max_serverless_cost_vs_cluster": ratio(m("max", "cost_to_target_usd"),
-                                                    m("cluster", "cost_to_target_usd")),
-            "learned_total_cost_vs_cluster": ratio(m("learned", "cost_usd"), m("cluster", "cost_usd"))}
+    out = {}
+    for sfx in ["target", *(str(int(t)) for t in also)]:
+        cost, time_ = (f"cost_to_{sfx}_usd", f"time_to_{sfx}_s")
+        out[f"learned_cost_vs_max_to_{sfx}"] = ratio(m("learned", cost), m("max", cost))
+        out[f"learned_time_vs_max_to_{sfx}"] = ratio(m("learned", time_), m("max", time_))
+        for p in agg:
+            if p != "cluster":
+                out[f"{p}_cost_vs_cluster_to_{sfx}"] = ratio(m(p, cost), m("cluster", cost))
+    for p in agg:
+        if p != "cluster":
+            out[f"{p}_total_cost_vs_cluster"] = ratio(m(p, "cost_usd"), m("cluster", "cost_usd"))
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def cell(s: dict, digits: int = 3, money: bool = False) -> str:
@@ -197,7 +207,7 @@ def report_plots(task: str, runs: dict, out_dir: Path) -> list:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default="cartpole")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default="max,fixed8,adapt,ramp,learned,cluster")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one seed, a tiny budget")
     ap.add_argument("--out", default=str(RESULTS / "schedulers"))
