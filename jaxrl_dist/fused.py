@@ -59,7 +59,7 @@ def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
                            cfg.env.clip_reward, unroll)
     loop_free = needs_loop_free(network, spec)
     # the fused batch is never padded: minibatch_size only sets the count `m`
-    popts = ppo.options(a, spec.discrete, spec.delayed_reset, loop_free, m)._replace(minibatch_size=0)
+    popts = ppo.options(a, spec.discrete, spec.delayed_reset, loop_free, m)
     return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
 
 

@@ -149,9 +149,10 @@ def summary_table(summary: dict):
     """A rich table of the summary's scalar entries; a round-trainer run's headline only."""
     from rich.table import Table
 
-    table = Table(title="run summary" + (" (all of it in summary.json)" if "cost_usd" in summary else ""),
+    headline = "cost_usd" in summary  # a round-trainer run
+    table = Table(title="run summary" + (" (all of it in summary.json)" if headline else ""),
                   show_header=False)
-    if "cost_usd" in summary:
+    if headline:
         summary = {label: summary.get(key) for key, label in HEADLINE}
     for key, value in summary.items():
         if isinstance(value, float):

@@ -34,11 +34,13 @@ class PPOOptions(NamedTuple):
     minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
 
 
-def options(a, discrete: bool, masked: bool, unroll: bool, minibatches: int) -> PPOOptions:
-    """`PPOOptions` from an `AlgoConfig` (every trainer builds its options here)."""
+def options(a, discrete: bool, masked: bool, unroll: bool, minibatches: int,
+            minibatch_size: int = 0) -> PPOOptions:
+    """`PPOOptions` from an `AlgoConfig` (every trainer builds its options here);
+    `minibatch_size` > 0 only where batches are padded (the round trainer)."""
     return PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
                       a.update_epochs, minibatches, a.norm_adv, discrete, masked, unroll,
-                      a.minibatch_size or 0)
+                      minibatch_size)
 
 
 class Batch(NamedTuple):

@@ -56,11 +56,6 @@ def _metrics(traj) -> dict:
             "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
 
 
-def make_learn(apply_fn, opts: ppo.PPOOptions):
-    """Jitted learner step over a `[T, K, B]` round whose first `n` slots are real."""
-    return jax.jit(make_learn_fn(apply_fn, opts), donate_argnums=0)
-
-
 def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
     """`learn(train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)`, not jitted
     (the learned scheduler's training runs it inside its own program)."""
@@ -96,7 +91,7 @@ def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> 
     tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, steps if a.anneal_lr else 0)
     opts = ppo.options(a, spec.discrete, True,
                        program.network.torso == "cnn" and jax.default_backend() == "cpu",
-                       a.num_minibatches)
+                       a.num_minibatches, a.minibatch_size or 0)
     fn = make_learn_fn(program.network.apply, opts)
     return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 
@@ -194,7 +189,7 @@ def recent_return(sums, counts, min_episodes: int, xp=np):
 
 def recent_return_of(records: list, min_episodes: int):
     """`recent_return` over round records (their first seed); None without episodes."""
-    last = records[::-1][:TARGET_ROUNDS]
+    last = records[-TARGET_ROUNDS:][::-1]
     sums = np.array([r["episode_return_sum"][0] for r in last], np.float64)
     counts = np.array([r["episodes"][0] for r in last], np.float64)
     return nan_to_none(recent_return(sums, counts, min_episodes)) if last else None
@@ -315,11 +310,13 @@ class RoundTrainer:
         table = None if self.state.table is None else SlotTable(self.state.table)
         env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
         records, seen = [], set()
+        so_far = list(history)  # the resumed run's records, then this run's
         warm = self._warm_learner(train)
         try:
-            while (n := self._next_round(r, env_steps, history + records)) is not None:
+            while (n := self._next_round(r, env_steps, so_far)) is not None:
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
-                rec["return_recent"] = recent_return_of(history + records + [rec], cfg.run.target_episodes)
+                so_far.append(rec)
+                rec["return_recent"] = recent_return_of(so_far, cfg.run.target_episodes)
                 r, env_steps = r + 1, rec["env_steps"]
                 logger.log([rec])
                 records.append(rec)
