@@ -199,7 +199,7 @@ class SchedulingEnv:
         return max(float(rc.modeled_s), 1e-9), max(float(rc.usd), 1e-12)
 
     def _init_one(self, key) -> Inner:
-        from jaxrl_dist.rounds import init_train_from_key
+        from jaxrl_dist.rounds import TARGET_ROUNDS, init_train_from_key
 
         M = self.opts.max_shards
         k_train, k_slots, k_next = jax.random.split(key, 3)
@@ -209,8 +209,6 @@ class SchedulingEnv:
         s = self.opts.scale
         obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
             ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()))
-        from jaxrl_dist.rounds import TARGET_ROUNDS
-
         window = jnp.zeros((TARGET_ROUNDS,))
         return Inner(train, table, clock, jnp.zeros(()), obs, k_next, window, window)
 
@@ -220,6 +218,8 @@ class SchedulingEnv:
 
     def _round(self, inner: Inner, n):
         """One task round of `n` shards on the modeled clock: `(inner, RoundCost, return)`."""
+        from jaxrl_dist.rounds import recent_return
+
         M, p, T = self.opts.max_shards, self.opts.profile, self.task_cfg.algo.num_steps
         key, k_shards, k_learn, k_jitter = jax.random.split(inner.key, 4)
         idx = jnp.where(jnp.arange(M) < n, jnp.arange(M), M)
@@ -231,8 +231,6 @@ class SchedulingEnv:
         learn_s = p.learn_s_fixed + p.learn_s_per_sample * n * self.steps_per_shard
         cold = cost.cold_slots(self.cost_cfg, inner.clock)
         rc = cost.round_cost(self.cost_cfg, n, shard_s, n * p.bytes_per_shard, learn_s, cold)
-        from jaxrl_dist.rounds import recent_return
-
         sums = jnp.roll(inner.sums, 1).at[0].set(m["episode_return_sum"])
         counts = jnp.roll(inner.counts, 1).at[0].set(m["episodes"])
         recent = recent_return(sums, counts, self.task_cfg.run.target_episodes, jnp)
@@ -287,7 +285,12 @@ def train_scheduler(env: SchedulingEnv, num_steps: int, updates: int, seed: int 
                     init_from=None, chunk: int = 1, log=print) -> Trained:
     """Train (or fine-tune, from a `Trained`) the scheduler policy with `fused`'s PPO."""
     from jaxrl_dist import fused
+    from jaxrl_dist.config import ConfigError
 
+    M = init_from.meta["max_shards"] if init_from is not None else env.opts.max_shards
+    if M != env.opts.max_shards:  # the policy head has one logit per n: checked before compiling
+        raise ConfigError(f"scheduler.init_from: that scheduler chooses from 1..{M} shards; "
+                          f"set scheduler.max_shards={M} to fine-tune it")
     cfg = scheduler_config(env, env.num_envs, num_steps, updates)
     setup = fused.make_setup(cfg, env.spec)
     step = fused.make_train_chunk(setup, env, chunk)
