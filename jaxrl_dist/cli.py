@@ -271,10 +271,7 @@ def _scheduler_train(args) -> int:
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + " ".join(str(err).split())) from err
     print(f"profile: {learned.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
-    try:
-        env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
-    except ConfigError as err:
-        raise CliConfigError(str(err)) from err
+    env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
     init_from = args.init_from or cfg.scheduler.init_from
     if init_from and not Path(init_from).is_file():
         raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
@@ -307,6 +304,7 @@ def _calibrate(args) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from jaxrl_dist.config import ConfigError
     from jaxrl_dist.platform import configure_cpu
 
     configure_cpu()  # before JAX starts: XLA reads its flags once
@@ -321,8 +319,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "calibrate":
             return _calibrate(args)
         return _train(args.overrides, args.print_config)
-    except CliConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (CliConfigError, ConfigError) as err:  # a check deeper down names the key as well
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
 

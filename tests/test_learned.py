@@ -136,3 +136,22 @@ def test_features_from_records_hand_checked():
     want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
             "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "n_frac": 0.25}
     assert f == pytest.approx(want)
+
+
+def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, capsys):
+    from jaxrl_dist import cli
+
+    code = cli.main(["scheduler", "train", "env=hopper", "run.target_return=1000",
+                     "--out", str(tmp_path / "s.msgpack")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: env.id: the scheduling MDP")
+    assert not (tmp_path / "s.msgpack").exists()
+
+
+def test_fine_tuning_from_another_shard_range_names_the_key(trained):
+    from jaxrl_dist.config import ConfigError
+
+    start = learned.load(trained)
+    start = start._replace(meta={**start.meta, "max_shards": start.meta["max_shards"] + 1})
+    with pytest.raises(ConfigError, match="scheduler.init_from: .*scheduler.max_shards="):
+        learned.train_scheduler(make_env(), num_steps=2, updates=1, init_from=start, log=lambda s: None)
