@@ -28,9 +28,9 @@ from jaxrl_dist import learned  # noqa: E402
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
 
-def make_env(overrides: list, opts) -> learned.SchedulingEnv:
+def make_env(overrides: list, opts, episodes: int) -> learned.SchedulingEnv:
     cfg, sched = learned.task_and_options(overrides, opts.max_rounds, opts.time_weight, 10.0)
-    return learned.SchedulingEnv(cfg, cfg.cost, sched, opts.episodes)
+    return learned.SchedulingEnv(cfg, cfg.cost, sched, episodes)
 
 
 def timed_training(env, updates: int, seed: int, init=None) -> tuple:
@@ -39,9 +39,9 @@ def timed_training(env, updates: int, seed: int, init=None) -> tuple:
     return trained, time.perf_counter() - t0
 
 
-def score(trained, overrides: list, opts) -> dict:
-    env = make_env(overrides, argparse.Namespace(**{**vars(opts), "episodes": opts.eval_episodes}))
-    return play(env, greedy(trained, env), opts.eval_seed)
+def score(trained, env, seed: int) -> dict:
+    """The greedy policy's MDP returns on `env`'s episodes from `seed`'s keys."""
+    return play(env, greedy(trained, env), seed)
 
 
 def main() -> None:
@@ -58,9 +58,10 @@ def main() -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_finetune.json"))
     opts = p.parse_args()
     configure_cpu()
-    env = make_env(opts.overrides, opts)
+    env = make_env(opts.overrides, opts, opts.episodes)
+    evaluation = make_env(opts.overrides, opts, opts.eval_episodes)  # one for every score
     scratch, scratch_s = timed_training(env, opts.updates, 0)
-    target = score(scratch, opts.overrides, opts)
+    target = score(scratch, evaluation, opts.eval_seed)
     print(f"scratch: {opts.updates} updates in {scratch_s:.0f} s, score {target['return_mean']:.2f} "
           f"(reached {target['reached']:.2f}, mean n {target['mean_n']:.1f})", flush=True)
     tuned, done, spent, stages = learned.load(opts.init_from), 0, 0.0, []
@@ -68,7 +69,7 @@ def main() -> None:
         if k > done:
             tuned, secs = timed_training(env, k - done, 1, tuned)
             done, spent = k, spent + secs
-        s = score(tuned, opts.overrides, opts)
+        s = score(tuned, evaluation, opts.eval_seed)
         stages.append({"updates": k, "train_s": spent, **s})
         print(f"fine-tuned {k} updates ({spent:.0f} s): score {s['return_mean']:.2f} "
               f"(reached {s['reached']:.2f}, mean n {s['mean_n']:.1f})", flush=True)
