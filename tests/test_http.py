@@ -306,3 +306,36 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
+    """Slot 0 fails at once (nothing listens), slot 1 hangs until its timeout:
+    the round raises only after both are done, so no request is left running
+    to report its own error after the run has stopped."""
+    from jaxrl_dist.backends import BackendError, Job, ShardTask
+    from jaxrl_dist.backends.http import HttpBackend
+    from jaxrl_dist.rounds import init_train, make_learner
+    from jaxrl_dist.shard import ShardProgram, round_keys, spec_from_config
+
+    hung = SilentServer()
+    cfg = tiny(tmp_path, [f"http://127.0.0.1:{free_port()}", hung.url], shard_timeout=1.5, max_retries=0)
+    program = ShardProgram(spec_from_config(cfg, "gymnax", False))
+    params = init_train(make_learner(cfg, program, 2.0), 0).params
+    backend = HttpBackend(cfg.backend)
+    backend.start(Job(program.spec, 0, "failed", program))
+    try:
+        keys, _ = round_keys(0, 0, np.arange(2))
+        t0 = time.time()
+        with pytest.raises(BackendError, match="shard slot 0 failed after 1 tries"):
+            backend.run_round(0, params, [ShardTask(s, keys[s]) for s in range(2)], None)
+        assert time.time() - t0 >= 1.4  # it waited for the hung slot's timeout
+        assert backend._call(_pending()) == 0
+    finally:
+        backend.close()
+        hung.close()
+
+
+async def _pending():
+    import asyncio
+
+    return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])

@@ -76,7 +76,14 @@ class HttpBackend:
         raise BackendError(f"shard slot {slot} failed after {len(errors)} tries: {errors[-1]}")
 
     async def _round(self, bodies: list, slots: list):
-        return await asyncio.gather(*(self._post(s, b) for s, b in zip(slots, bodies)))
+        # every shard runs to its end before the round fails: a task still
+        # posting when the loop stops would report its error after ours
+        replies = await asyncio.gather(*(self._post(s, b) for s, b in zip(slots, bodies)),
+                                       return_exceptions=True)
+        failed = [r for r in replies if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        return replies
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         from jaxrl_dist import wire
@@ -107,8 +114,15 @@ class HttpBackend:
                  "bytes_received": sum(r[3] for r in replies)}
         return RoundResult(traj, boot, shards, stats)
 
+    async def _shutdown(self):
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await self._client.aclose()
+
     def close(self) -> None:
         if self._loop.is_running():
-            self._call(self._client.aclose())
+            self._call(self._shutdown())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
