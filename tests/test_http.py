@@ -7,13 +7,10 @@ failure handling.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
-import zlib
 
 import httpx
 import jax
