@@ -90,6 +90,9 @@ class BackendConfig:
     urls: tuple = ()  # http: function endpoints
     token: Optional[str] = None  # http: bearer token; null reads $JAXRL_DIST_TOKEN
     compression: str = "deflate"  # http: deflate | none
+    # injected stragglers (benchmarks): every `slow_every`-th slot runs `slowdown` times slower
+    slowdown: float = 1.0
+    slow_every: int = 4
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,22 @@ class CostConfig:
 
 
 @dataclass(frozen=True)
+class AsyncConfig:
+    """The async trainer (`trainer=async`, `jaxrl_dist/asynchronous.py`); YAML key `async`."""
+
+    max_staleness: int = 1  # params versions a learned-from chunk may lag the learner by
+    batch_chunks: int = 4  # chunks (one shard's rollout each) per learner update
+    actors: Optional[int] = None  # actors running at the start; null: batch_chunks
+    min_actors: int = 1  # the balancer's range of active actors ...
+    max_actors: Optional[int] = None  # ... null: backend.max_shards
+    balance: bool = True  # adapt the active actors to the learner's consumption
+    balance_tolerance: float = 0.2  # production within this fraction of consumption is balanced
+    balance_every: int = 4  # updates between balance decisions
+    rho_bar: float = 1.0  # V-trace truncation of the importance weights (targets)
+    c_bar: float = 1.0  # V-trace truncation of the trace coefficients
+
+
+@dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -160,8 +179,14 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
+    trainer: str = "sync"  # sync: rounds with a barrier | async: no barrier, bounded staleness
     seed: int = 0
     num_seeds: int = 1
+
+
+# YAML keys that are Python keywords, and the fields that hold them
+KEY_ALIASES = {"async": "asynchronous"}
 
 
 class Derived(NamedTuple):
@@ -205,8 +230,9 @@ def _build(cls, data: dict, prefix: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     defaults = cls()
     kwargs = {}
-    for name, value in (data or {}).items():
-        key = f"{prefix}{name}"
+    for key_name, value in (data or {}).items():
+        name = KEY_ALIASES.get(key_name, key_name) if not prefix else key_name
+        key = f"{prefix}{key_name}"
         if name not in fields:
             raise ConfigError(f"unknown config key '{key}'")
         default = getattr(defaults, name)
@@ -236,7 +262,10 @@ def to_dict(cfg: Config) -> dict:
             return {k: plain(v) for k, v in x.items()}
         return x
 
-    return plain(dataclasses.asdict(cfg))
+    out = plain(dataclasses.asdict(cfg))
+    for key, name in KEY_ALIASES.items():
+        out[key] = out.pop(name)
+    return out
 
 
 def _resolve_auto(value, key: str, continuous: bool) -> bool:
@@ -288,6 +317,33 @@ def _check_rounds(cfg: Config) -> None:
     _check_split(cfg.algo, shard_batch, "one shard's batch backend.envs_per_shard*algo.num_steps")
     if b.name == "http" and not b.urls:
         raise ConfigError("backend.urls: the http backend needs at least one endpoint")
+    if b.slowdown < 1.0:
+        raise ConfigError(f"backend.slowdown must be >= 1 (a factor), got {b.slowdown}")
+    if b.slow_every <= 0:
+        raise ConfigError(f"backend.slow_every must be positive, got {b.slow_every}")
+
+
+def _check_async(cfg: Config) -> None:
+    """`async.*` keys (checked when `trainer=async`)."""
+    a, b = cfg.asynchronous, cfg.backend
+    if b.name == "fused":
+        raise ConfigError("trainer=async needs a shard backend (backend=local, ray or http), not fused")
+    if a.max_staleness < 0:
+        raise ConfigError(f"async.max_staleness must be >= 0, got {a.max_staleness}")
+    for key in ("batch_chunks", "min_actors", "balance_every"):
+        if getattr(a, key) <= 0:
+            raise ConfigError(f"async.{key} must be positive, got {getattr(a, key)}")
+    top = a.max_actors if a.max_actors is not None else b.max_shards
+    if top > b.max_shards:
+        raise ConfigError(f"async.max_actors={top} exceeds backend.max_shards={b.max_shards}")
+    start = a.actors if a.actors is not None else a.batch_chunks
+    if not a.min_actors <= start <= top:
+        raise ConfigError(f"async.actors={start} is outside async.min_actors..max_actors "
+                          f"({a.min_actors}..{top})")
+    if not a.balance_tolerance > 0:
+        raise ConfigError(f"async.balance_tolerance must be positive, got {a.balance_tolerance}")
+    if a.rho_bar <= 0 or a.c_bar <= 0:
+        raise ConfigError("async.rho_bar and async.c_bar must be positive")
 
 
 def _check_split(a: AlgoConfig, batch: int, what: str) -> None:
@@ -341,6 +397,10 @@ def validate(cfg: Config) -> Config:
     _check_cost(cfg.cost)
     if cfg.backend.name != "fused":
         _check_rounds(cfg)
+    if cfg.trainer not in ("sync", "async"):
+        raise ConfigError(f"trainer must be sync or async, got {cfg.trainer!r}")
+    if cfg.trainer == "async":
+        _check_async(cfg)
     if cfg.serve.max_body_mb <= 0:
         raise ConfigError(f"serve.max_body_mb must be positive, got {cfg.serve.max_body_mb}")
     if cfg.env.suite not in ("auto", "gymnax", "envpool"):

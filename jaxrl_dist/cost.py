@@ -187,3 +187,63 @@ class CostAccount:
         moved = max(e.bytes_per_shard for e in seen) * n
         rc, _ = self._cost(n, np.full((n,), shard_s), moved, max(e.learn_s for e in seen))
         return float(rc.usd)
+
+
+class AsyncAccount:
+    """The async trainer's running cost, on a modeled clock that replays its pipeline.
+
+    A chunk (one shard's rollout) starts when its actor is free and the params
+    version it used had been published, and arrives `invoke + start (cold or
+    warm) + compute + transfer` later; an update starts when the learner is
+    free and its last chunk has arrived, and publishes the next version when
+    it ends. Dollars: serverless bills every chunk, dropped ones too, as a
+    shard; a cluster bills its nodes for the modeled time; the learner's
+    machine is billed for the modeled time. A cluster's start-up is billed
+    with this process's first update, as in `CostAccount`.
+    """
+
+    def __init__(self, cfg, max_shards: int, version: int, modeled_s: float = 0.0, usd: float = 0.0):
+        self.cfg, self.usd, self.now = cfg, float(usd), float(modeled_s)
+        self._setup = setup_cost(cfg)
+        start = self.now + self._setup.modeled_s
+        self.actor_free = np.full((max_shards,), start)
+        self.last_end = np.full((max_shards,), -np.inf)
+        self.published = {version: start}
+        self.learner_free = start
+        self.chunk_usd = 0.0  # chunks billed since the last update
+
+    def chunk(self, slot: int, version: int, shard_s: float, bytes_moved: float) -> float:
+        """Bill one chunk of `slot` made with params `version`; returns its modeled arrival."""
+        start = max(self.actor_free[slot], self.published[version])
+        cold = np.array([start - self.last_end[slot] >= self.cfg.keep_warm_s])
+        rc = round_cost(self.cfg, 1, np.array([shard_s]), float(bytes_moved), 0.0, cold)
+        c = rc.components
+        done = start + c["invoke_s"] + c["start_s"] + c["actor_s"]
+        self.last_end[slot] = done
+        self.actor_free[slot] = done + c["transfer_s"]
+        if self.cfg.kind == "serverless":
+            self.chunk_usd += float(c["shard_usd"])
+        return float(self.actor_free[slot])
+
+    def update(self, arrivals: list, learn_s: float, next_version: int) -> RoundCost:
+        """Bill an update that learned from chunks arriving at `arrivals` (modeled)."""
+        start = max([self.learner_free] + list(arrivals))
+        end = start + learn_s
+        self.published[next_version] = self.learner_free = end
+        for old in [v for v in self.published if v < next_version - 64]:
+            del self.published[old]  # no chunk that old is ever learned from
+        dt, self.now = end - self.now, end
+        parts = {k: 0.0 for k in TIME_KEYS}
+        parts.update({"learn_s": float(learn_s), "wait_s": float(start - (end - dt) - (
+            self._setup.modeled_s if self._setup else 0.0))})
+        cfg = self.cfg
+        nodes = dt * cfg.cluster_nodes * cfg.cluster_node_hour_usd / 3600.0 if cfg.kind == "cluster" else 0.0
+        parts["shard_usd"] = self.chunk_usd + nodes
+        parts["learner_usd"] = dt * cfg.learner_hour_usd / 3600.0
+        if self._setup is not None:  # its time is in dt already; its nodes were billed above
+            parts["setup_s"] = self._setup.modeled_s
+            self._setup = None
+        self.chunk_usd = 0.0
+        usd = parts["shard_usd"] + parts["learner_usd"]
+        self.usd += usd
+        return RoundCost(dt, usd, parts)

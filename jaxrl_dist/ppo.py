@@ -32,15 +32,18 @@ class PPOOptions(NamedTuple):
     masked: bool = False  # some transitions are invalid (envpool reset steps)
     unroll: bool = False  # unroll the minibatch loop (see `fused.needs_loop_free`)
     minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
+    rho_bar: float = 1.0  # stale samples: truncation of the V-trace importance weights ...
+    c_bar: float = 1.0  # ... and of its trace coefficients (see `make_batch`)
 
 
 def options(a, discrete: bool, masked: bool, unroll: bool, minibatches: int,
-            minibatch_size: int = 0) -> PPOOptions:
+            minibatch_size: int = 0, rho_bar: float = 1.0, c_bar: float = 1.0) -> PPOOptions:
     """`PPOOptions` from an `AlgoConfig` (every trainer builds its options here);
-    `minibatch_size` > 0 only where batches are padded (the round trainer)."""
+    `minibatch_size` > 0 only where batches are padded (the round trainer);
+    `rho_bar`, `c_bar` only matter for stale samples (the async trainer)."""
     return PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
                       a.update_epochs, minibatches, a.norm_adv, discrete, masked, unroll,
-                      minibatch_size)
+                      minibatch_size, rho_bar, c_bar)
 
 
 class Batch(NamedTuple):
@@ -55,16 +58,24 @@ class Batch(NamedTuple):
     valid: jax.Array
 
 
-def gae(reward, value, next_value, terminated, done, gamma: float, lam: float):
+def gae(reward, value, next_value, terminated, done, gamma: float, lam: float,
+        rho=None, trace=None):
     """Generalised advantage estimates, `[T, ...]` each, time-major.
 
     `next_value[t]` is the value of the observation transition `t` ended in
     (before any auto-reset): it bootstraps truncated episodes and is cut only
     by `terminated`. `done` (terminated or truncated) stops the recursion.
     Returns `(advantages, value_targets)`.
+
+    With `rho` and `trace` (truncated importance weights `min(rho_bar, pi/mu)`
+    and `min(c_bar, pi/mu)` of samples from an older policy `mu`) the targets
+    are V-trace's, `v_t = V_t + rho_t delta_t + gamma lam trace_t (v_{t+1} - V_{t+1})`,
+    and the advantages `v_t - V_t`: where both weights are 1 this is GAE exactly.
     """
     delta = reward + gamma * (1.0 - terminated) * next_value - value
     carry_scale = gamma * lam * (1.0 - done)
+    if rho is not None:
+        delta, carry_scale = rho * delta, carry_scale * trace
 
     def backward(adv_next, xs):
         d, c = xs
@@ -130,14 +141,33 @@ def next_values(apply_fn, params, traj: Transition, last_value):
     return apply_fn(params, traj.final_obs).value
 
 
-def make_batch(apply_fn, params, traj: Transition, last_value, opts: PPOOptions) -> Batch:
-    """GAE over one seed's `[T, B]` trajectory, flattened to `[T * B]`."""
+def _off_policy(apply_fn, params, traj: Transition, stale, opts: PPOOptions):
+    """Values and truncated importance weights `(value, rho, trace)` for a
+    trajectory whose `stale` `[T, B]` samples came from an older policy: those
+    get the current value function's values and weights `pi/mu` against their
+    behaviour log-probs; the others keep their own values and weight 1."""
+    out = apply_fn(params, traj.obs)
+    value = jnp.where(stale, out.value, traj.value)
+    log_rho = networks.log_prob(out, traj.action, opts.discrete) - traj.log_prob
+    ratio = jnp.exp(jnp.where(stale, log_rho, 0.0))
+    return value, jnp.minimum(opts.rho_bar, ratio), jnp.minimum(opts.c_bar, ratio)
+
+
+def make_batch(apply_fn, params, traj: Transition, last_value, opts: PPOOptions, stale=None) -> Batch:
+    """GAE over one seed's `[T, B]` trajectory, flattened to `[T * B]`; with
+    `stale` (`[T, B]` bool), V-trace-corrected GAE (see `gae`). The loss's
+    ratio is always against the behaviour log-probs, so PPO's clip bounds how
+    far an update follows a stale sample."""
+    value, rho, trace = traj.value, None, None
+    if stale is not None:
+        value, rho, trace = _off_policy(apply_fn, params, traj, stale, opts)
+        traj = traj._replace(value=value)
     nv = next_values(apply_fn, params, traj, last_value)
     term = traj.terminated.astype(jnp.float32)
     done = jnp.maximum(term, traj.truncated.astype(jnp.float32))
-    adv, target = gae(traj.reward, traj.value, nv, term, done, opts.gamma, opts.gae_lambda)
+    adv, target = gae(traj.reward, value, nv, term, done, opts.gamma, opts.gae_lambda, rho, trace)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    return Batch(flat(traj.obs), flat(traj.action), flat(traj.log_prob), flat(traj.value),
+    return Batch(flat(traj.obs), flat(traj.action), flat(traj.log_prob), flat(value),
                  flat(adv), flat(target), flat(traj.valid))
 
 
@@ -166,17 +196,19 @@ def _plan(key, n: int, real, opts: PPOOptions):
 
 
 def make_update(apply_fn: Callable, opts: PPOOptions):
-    """Build `update(train_state, traj[T,B], last_value[B], key, real=None) -> (train_state, metrics)`.
+    """Build `update(train_state, traj[T,B], last_value[B], key, real=None, stale=None)
+    -> (train_state, metrics)`.
 
     `real` (`[T, B]` bool, optional) marks the transitions that exist in a
     padded batch; it only sizes the epochs under `opts.minibatch_size` (the
-    loss masks by `traj.valid`). The minibatch loop carries the parameters
+    loss masks by `traj.valid`). `stale` (`[T, B]` bool, optional) marks
+    samples of an older policy, corrected as `make_batch` says. The minibatch loop carries the parameters
     raveled into one vector (the optimiser is `optax.flatten`-ed to match),
     so each step updates one array instead of one per layer.
     """
 
-    def update(state: TrainState, traj: Transition, last_value, key, real=None):
-        batch = make_batch(apply_fn, state.params, traj, last_value, opts)
+    def update(state: TrainState, traj: Transition, last_value, key, real=None, stale=None):
+        batch = make_batch(apply_fn, state.params, traj, last_value, opts, stale)
         n = batch.advantage.shape[0]
         idx, active = _plan(key, n, None if real is None else real.reshape(-1), opts)
         flat, unravel = ravel_pytree(state.params)

@@ -57,18 +57,21 @@ def _metrics(traj) -> dict:
 
 
 def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
-    """`learn(train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)`, not jitted
-    (the learned scheduler's training runs it inside its own program)."""
+    """`learn(train, traj[T,K,B], boot[K,B], n, key, lag=None) -> (train, metrics)`, not
+    jitted (the learned scheduler's training runs it inside its own program).
+    `lag` (`[K]`, the async trainer's): params versions each shard's data lags
+    the learner by; shards with a lag get the off-policy correction."""
     update = ppo.make_update(apply_fn, opts._replace(masked=True))
 
-    def learn(train: TrainState, traj, boot, n, key):
+    def learn(train: TrainState, traj, boot, n, key, lag=None):
         K = boot.shape[0]
         real = (jnp.arange(K) < n)[None, :, None]
         traj = traj._replace(valid=traj.valid & real, done=traj.done & real,
                              done_return=jnp.where(real, traj.done_return, 0.0))
         flat = jax.tree.map(lambda x: x.reshape((x.shape[0], -1) + x.shape[3:]), traj)
-        real = jnp.broadcast_to(real, traj.valid.shape).reshape(flat.valid.shape)
-        train, metrics = update(train, flat, boot.reshape(-1), key, real)
+        by_sample = lambda m: jnp.broadcast_to(m, traj.valid.shape).reshape(flat.valid.shape)  # noqa: E731
+        stale = None if lag is None else by_sample((jnp.asarray(lag) > 0)[None, :, None])
+        train, metrics = update(train, flat, boot.reshape(-1), key, by_sample(real), stale)
         metrics.update(_metrics(flat))
         return train, metrics
 
@@ -91,7 +94,8 @@ def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> 
     tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, steps if a.anneal_lr else 0)
     opts = ppo.options(a, spec.discrete, True,
                        program.network.torso == "cnn" and jax.default_backend() == "cpu",
-                       a.num_minibatches, a.minibatch_size or 0)
+                       a.num_minibatches, a.minibatch_size or 0,
+                       cfg.asynchronous.rho_bar, cfg.asynchronous.c_bar)
     fn = make_learn_fn(program.network.apply, opts)
     return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 
@@ -153,6 +157,20 @@ def shard_seconds(shards) -> list:
     return [(s.timings.finished - s.timings.started) / count[span(s)] for s in shards]
 
 
+def straggle(shards, b) -> np.ndarray:
+    """Injected stragglers (`backend.slowdown`, benchmarks): a shard on every
+    `backend.slow_every`-th slot takes `slowdown` times as long, as if its machine
+    were that much slower. Waits until the slowest such shard would have finished;
+    returns each shard's factor, which stretches its billed compute too."""
+    factors = np.array([b.slowdown if s.slot % b.slow_every == b.slow_every - 1 else 1.0
+                        for s in shards])
+    ends = [s.timings.finished + (f - 1.0) * (s.timings.finished - s.timings.started)
+            for s, f in zip(shards, factors) if f > 1.0]
+    if ends:
+        time.sleep(max(0.0, max(ends) - time.time()))
+    return factors
+
+
 def moved_bytes(result, n: int, param_bytes: int) -> int:
     """Bytes a round moved. A backend that moves none (local) is charged what a
     remote one would move uncompressed: the params to each shard, and each
@@ -164,10 +182,10 @@ def moved_bytes(result, n: int, param_bytes: int) -> int:
     return n * param_bytes + back * n // result.bootstrap.shape[0]
 
 
-def _cost_fields(rc, cold: int, account: CostAccount, wall_s: float) -> dict:
-    """A round's modeled cost and the running totals of both clocks."""
-    rec = {"modeled_s": rc.modeled_s, "cost_usd": rc.usd, "cum_modeled_s": float(account.clock.now),
-           "cum_cost_usd": account.usd, "cum_wall_s": wall_s, "cold_shards": cold}
+def cost_fields(rc, cold: int, modeled_now: float, usd: float, wall_s: float) -> dict:
+    """A round's (or async update's) modeled cost and the running totals of both clocks."""
+    rec = {"modeled_s": rc.modeled_s, "cost_usd": rc.usd, "cum_modeled_s": float(modeled_now),
+           "cum_cost_usd": usd, "cum_wall_s": wall_s, "cold_shards": cold}
     rec.update({f"modeled_{k}": rc.components[k] for k in TIME_KEYS})
     rec.update({k: rc.components[k] for k in USD_KEYS})
     return rec
@@ -234,11 +252,16 @@ class RoundTrainer:
         probe = ShardProgram(spec_from_config(cfg, suite, False))
         self.spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
         self.program = probe if self.spec == probe.spec else ShardProgram(self.spec)
-        self.scheduler = make_scheduler(cfg.scheduler, cfg.backend, cfg)
-        self.learner = make_learner(cfg, self.program, self.scheduler.expected_shards())
+        self.expected = self._expected_shards()
+        self.learner = make_learner(cfg, self.program, self.expected)
         self.backend = make_backend(cfg.backend)
         self.ckpt = checkpoint.Checkpointer(run_dir)
         self.state = self._start(resuming)
+
+    def _expected_shards(self) -> float:
+        """Shards a round is expected to run (it sizes the LR schedule); makes the scheduler."""
+        self.scheduler = make_scheduler(self.cfg.scheduler, self.cfg.backend, self.cfg)
+        return self.scheduler.expected_shards()
 
     def _start(self, resuming: bool) -> RoundState:
         train = init_train(self.learner, self.cfg.seed)
@@ -253,7 +276,7 @@ class RoundTrainer:
         the compile overlaps the first round (actor start-up, the shards' compile)."""
         from jaxrl_dist import wire
 
-        k = bucket(max(1, round(self.scheduler.expected_shards())), self.cfg.backend.max_shards)
+        k = bucket(max(1, round(self.expected)), self.cfg.backend.max_shards)
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros((s.shape[0], k) + tuple(s.shape[1:]), s.dtype)  # noqa: E731
         traj = jax.tree.map(zeros, out.traj)
@@ -335,6 +358,7 @@ class RoundTrainer:
         t0 = time.perf_counter()
         keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
         result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
+        slow = straggle(result.shards, cfg.backend)
         warm.join()
         t1 = time.perf_counter()
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
@@ -343,11 +367,16 @@ class RoundTrainer:
         env_steps += n * learner.steps_per_shard
         times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
         rec = _round_record(r + 1, n, env_steps, result, metrics, times, seen)
-        rc, cold = self.account.charge(n, shard_seconds(result.shards),
+        rc, cold = self.account.charge(n, shard_seconds(result.shards) * slow,
                                        moved_bytes(result, n, self._param_bytes), times["learn"])
-        rec.update(_cost_fields(rc, cold, self.account, time.perf_counter() - self._wall0))
+        rec.update(cost_fields(rc, cold, self.account.clock.now, self.account.usd,
+                               time.perf_counter() - self._wall0))
         seen.update(s.slot for s in result.shards)
         return train, rec
+
+    def summary(self) -> dict:
+        """This trainer's own figures for summary.json."""
+        return {"trainer": "sync"}
 
     def _save(self, train, table, r: int) -> None:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
@@ -377,14 +406,16 @@ def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict
     return out
 
 
-def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
-    """Train with the round trainer; called by `runner.train` for shard backends."""
+def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
+                 trainer_cls=None) -> dict:
+    """Train with the round trainer (or `trainer_cls`, the async one); called by
+    `runner.train` for shard backends."""
     from jaxrl_dist.runner import METRICS_FILE, SUMMARY_FILE, _print_summary, params_digest, peak_rss_mb
 
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
-    trainer = RoundTrainer(cfg, run_dir, resuming)
+    trainer = (trainer_cls or RoundTrainer)(cfg, run_dir, resuming)
     start = int(trainer.state.round)
     history = truncate_records(run_dir / METRICS_FILE, start)
     total = cfg.algo.total_timesteps
@@ -421,6 +452,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> 
         "run_dir": str(cfg.run.dir),
     }
     summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
+    summary.update(trainer.summary())
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary)
     return summary

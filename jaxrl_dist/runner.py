@@ -226,6 +226,10 @@ def train(cfg: Config, run_dir=None) -> dict:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
+    if cfg.trainer == "async":
+        from jaxrl_dist.asynchronous import train_async
+
+        return train_async(cfg, run_dir, resuming, t_start)
     if cfg.backend.name != "fused":
         from jaxrl_dist.rounds import train_rounds
 

@@ -1,0 +1,435 @@
+"""The async trainer (`trainer=async`): actors produce, the learner consumes, no round barrier.
+
+Each active actor owns a slot and runs **chunks** back to back on the backend
+(a chunk is one shard: a `[T, B]` rollout of the slot's envs), each with the
+newest params it can get and tagged with that params version. On the local
+backend an actor is a thread calling the in-process shard; on Ray, a thread
+feeding the buffer from its slot's Ray actor; on HTTP, a thread whose finished
+invocation is replaced at once by a new one with the newest params. The
+learner takes `async.batch_chunks` (`K`) chunks as they arrive, runs the core's
+PPO update on them and publishes the next version.
+
+**Staleness.** Chunks are numbered by tickets in the order actors claim them,
+and ticket `i` may start only once `i < (version + max_staleness + 1) * K +
+dropped`: the learner consumes `K` chunks per version, so a chunk started then
+is learned from within `max_staleness` versions, and actors wait for fresh
+params rather than make data that would be thrown away. A chunk that still
+arrives too late (a straggler overtaken by faster actors) is dropped, counted,
+and never learned from: staleness never exceeds the bound. With
+`max_staleness=0` each version's `K` chunks all use that version, on slots
+`0..K-1`, and the learner is the round trainer's: the very parameters of
+`scheduler=fixed scheduler.num_shards=K`.
+
+**Off-policy correction.** A stale chunk's samples get PPO's ratio against
+their behaviour log-probs, and V-trace-corrected GAE (`ppo.make_batch`):
+truncated importance weights on the TD errors and traces, values from the
+current value function. V-trace rather than IMPACT's target network: it needs
+no second set of params to store, publish and checkpoint, and where the lag
+is 0 it is GAE exactly, so the staleness-0 case is the sync trainer.
+
+**Balance.** Every `async.balance_every` updates the trainer compares actor
+production capacity (active actors / mean seconds per chunk) with learner
+consumption capacity (`K` / mean seconds per update) and starts or stops one
+actor when they differ by more than `async.balance_tolerance`.
+
+**Keys and resume.** An actor's `c`-th chunk on slot `s` uses the round
+trainer's key of round `c`, slot `s`; update `u` the learner key of round `u`.
+A checkpoint holds, per slot, the env state after its last chunk the learner
+took (learned or dropped) and that chunk count, so a resumed run makes the
+chunks that were still queued or running again, identically: none is lost or
+learned twice. A dead Ray actor or HTTP instance is the backend's to replace
+(same keys); an actor whose shard fails after every retry stops the run with
+the last checkpoint on disk.
+"""
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, stack_outputs
+from jaxrl_dist.config import Config
+from jaxrl_dist.cost import AsyncAccount
+from jaxrl_dist.logger import LOSS_KEYS, nan_to_none
+from jaxrl_dist.rounds import (RoundTrainer, TrainState, cost_fields, init_table, init_train,
+                               recent_return_of, round_keys, shard_seconds, straggle)
+from jaxrl_dist.shard import ShardOutput
+
+
+class AsyncState(NamedTuple):
+    """What an async checkpoint holds."""
+
+    train: TrainState
+    table: Any  # `[M, ...]` slot states after each slot's last taken chunk (None: sticky)
+    round: Any  # the params version (updates done)
+    counts: Any  # `[M]` chunks taken per slot
+
+
+class Chunk(NamedTuple):
+    slot: int
+    index: int  # the slot's chunk count: its key is round `index`'s
+    version: int  # params version it was made with
+    output: ShardOutput  # traj `[T, B]`, slot state after it (None: sticky), bootstrap `[B]`
+    info: Any  # `backends.ShardInfo`
+    stats: dict  # the backend's dispatch/wait/transfer seconds and bytes
+    factor: float  # injected slowdown
+    busy_s: float  # the actor's seconds on it (dispatch to delivery)
+
+
+class Gate:
+    """Tickets, the newest params and the staleness rule (see the module doc)."""
+
+    def __init__(self, K: int, max_staleness: int, version: int, params):
+        self.K, self.S = K, max_staleness
+        self.cond = threading.Condition()
+        self.version, self.params = version, params
+        self.next, self.free, self.dropped = version * K, [], 0
+        self.stopping = False
+
+    def claim(self) -> int:
+        with self.cond:
+            if self.free:
+                return heapq.heappop(self.free)
+            self.next += 1
+            return self.next - 1
+
+    def release(self, ticket: int) -> None:
+        with self.cond:
+            heapq.heappush(self.free, ticket)
+
+    def allowed(self, ticket: int) -> bool:
+        return ticket < (self.version + self.S + 1) * self.K + self.dropped
+
+    def wait(self, ticket: int):
+        """`(params, version)` once `ticket` may start; None when the run stops."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.stopping or self.allowed(ticket))
+            return None if self.stopping else (self.params, self.version)
+
+    def publish(self, params, version: int) -> None:
+        with self.cond:
+            self.params, self.version = params, version
+            self.cond.notify_all()
+
+    def refund(self) -> None:
+        """A dropped chunk's ticket is made again: one more may start."""
+        with self.cond:
+            self.dropped += 1
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+
+def balance(active: int, production: float, consumption: float, tolerance: float,
+            lo: int, hi: int) -> int:
+    """Active actors for the next window: one fewer when production capacity
+    (chunks/s) exceeds consumption capacity by more than `tolerance`, one more
+    when it falls short by more, clipped to `lo..hi`."""
+    if not (production > 0 and consumption > 0):
+        return active
+    ratio = production / consumption
+    if ratio > 1.0 + tolerance:
+        return max(lo, active - 1)
+    if ratio < 1.0 - tolerance:
+        return min(hi, active + 1)
+    return active
+
+
+class AsyncTrainer(RoundTrainer):
+    """Owns the async run's learner, backend, actors and state; `run()` trains to the end."""
+
+    def _expected_shards(self) -> float:
+        self.scheduler = None  # the balancer sets the actors; the learner takes K chunks
+        return float(self.cfg.asynchronous.batch_chunks)
+
+    def _start(self, resuming: bool) -> AsyncState:
+        M = self.cfg.backend.max_shards
+        table = init_table(self.program, self.cfg.seed, M)
+        data = None if table is None else jax.tree.map(np.asarray, table.data)
+        state = AsyncState(init_train(self.learner, self.cfg.seed), data, np.zeros((), np.int32),
+                           np.zeros((M,), np.int32))
+        if resuming and self.ckpt.latest_step() is not None:
+            state = self.ckpt.restore(state)
+        return state
+
+    # -- actors ------------------------------------------------------------
+
+    def _start_actor(self, slot: int) -> None:
+        """Run slot `slot`'s chunks from where its last delivered one left off."""
+        table = None if self._produced is None else SlotTable(jax.tree.map(np.copy, self._produced.data))
+        t = threading.Thread(target=self._actor, args=(slot, table), daemon=True,
+                             name=f"jaxrl-dist-actor-{slot}")
+        self._threads[slot] = t
+        t.start()
+
+    def _actor(self, slot: int, table: Optional[SlotTable]) -> None:
+        b, seed = self.cfg.backend, self.cfg.seed
+        ticket = self.gate.claim()
+        try:
+            while True:
+                got = self.gate.wait(ticket)
+                if got is None:
+                    self.gate.release(ticket)
+                    return
+                params, version = got
+                index = self._counts[slot]
+                t0 = time.perf_counter()
+                keys, _ = round_keys(seed, index, [slot])
+                result = self.backend.run_round(index, params, [ShardTask(slot, keys[0])], table)
+                factor = float(straggle(result.shards, b)[0])
+                out = ShardOutput(jax.tree.map(lambda x: np.asarray(x)[:, 0], result.traj),
+                                  None if table is None else table.get(slot),
+                                  np.asarray(result.bootstrap)[0])
+                chunk = Chunk(slot, index, version, out, result.shards[0], result.stats, factor,
+                              time.perf_counter() - t0)
+                ticket = self._deliver(chunk)
+                if ticket is None:
+                    return
+        except Exception as err:  # the backend spent its retries: the learner stops the run
+            self._queue.put(err)
+
+    def _deliver(self, chunk: Chunk) -> Optional[int]:
+        """Queue a chunk and claim the actor's next ticket in one step (so that at
+        staleness 0 every actor holds one ticket of the next version before this
+        version's last chunk can arrive); None when the actor stops here."""
+        with self._lock:
+            s = chunk.slot
+            self._counts[s] = chunk.index + 1
+            if self._produced is not None:
+                self._produced.put([s], [chunk.output.actor])
+            go_on = self._wanted[s] and not self.gate.stopping
+            ticket = self.gate.claim() if go_on else None
+            self._queue.put(chunk)
+            if not go_on:
+                del self._threads[s]
+            return ticket
+
+    def _set_active(self, n: int) -> None:
+        """Start or stop actors (lowest free slots first) until `n` are wanted."""
+        with self._lock:
+            wanted = [s for s, w in enumerate(self._wanted) if w]
+            for s in wanted[n:]:
+                self._wanted[s] = False
+            for s in range(len(self._wanted)):
+                if len(wanted) >= n:
+                    break
+                if not self._wanted[s] and s not in self._threads:
+                    self._wanted[s] = True
+                    wanted.append(s)
+                    self._start_actor(s)
+
+    # -- learner -----------------------------------------------------------
+
+    def _collect(self, version: int) -> tuple:
+        """`K` chunks fresh enough for `version`, and the ones dropped as too stale."""
+        K, S = self.cfg.asynchronous.batch_chunks, self.cfg.asynchronous.max_staleness
+        b = self.cfg.backend
+        patience = b.shard_timeout * (b.max_retries + 1) + 60.0  # every actor's retries, and more
+        fresh, dropped = [], []
+        while len(fresh) < K:
+            try:
+                item = self._queue.get(timeout=patience)
+            except queue.Empty:
+                raise BackendError(f"async: no chunk arrived in {patience:g} s") from None
+            if isinstance(item, Exception):
+                raise item if isinstance(item, BackendError) else BackendError(
+                    f"actor failed: {type(item).__name__}: {item}") from item
+            if version - item.version <= S:
+                fresh.append(item)
+            else:
+                dropped.append(item)
+                self.gate.refund()
+        return sorted(fresh, key=lambda c: (c.slot, c.index)), dropped
+
+    def _take(self, chunks: list) -> None:
+        """Move the checkpointed slot states and counts past chunks the learner took."""
+        for c in chunks:
+            if self._ledger is not None:
+                self._ledger.put([c.slot], [c.output.actor])
+            self._ledger_counts[c.slot] = c.index + 1
+
+    def _learn(self, train, chunks: list, version: int):
+        K = self.cfg.asynchronous.batch_chunks
+        traj, boot = stack_outputs([c.output for c in chunks], K)
+        lag = np.array([version - c.version for c in chunks], np.int32)
+        _, key = round_keys(self.cfg.seed, version, [0])
+        self._warm.join()
+        if lag.any():
+            train, metrics = self.learner.update(train, traj, boot, K, key, lag)
+        else:  # exactly the round trainer's update
+            train, metrics = self.learner.update(train, traj, boot, K, key)
+        return train, jax.device_get(metrics), lag
+
+    def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
+        """Learn update after update until `algo.total_timesteps` or a `run.*` stop
+        condition (`self.stop_reason`); returns this run's records (one per update)."""
+        import uuid
+
+        cfg, a = self.cfg, self.cfg.asynchronous
+        self._setup_run(history, t_start)
+        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
+        train, version = self.state.train, int(self.state.round)
+        env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
+        records, so_far = [], list(history)
+        self._warm = self._warm_learner(train)
+        self._actors_on(train, version)
+        try:
+            while self._stop(version, env_steps, so_far) is None:
+                train, rec = self._update(train, version, env_steps)
+                version, env_steps = version + 1, rec["env_steps"]
+                so_far.append(rec)
+                rec["return_recent"] = recent_return_of(so_far, cfg.run.target_episodes)
+                logger.log([rec])
+                records.append(rec)
+                if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
+                    self._save_async(train, version)
+                if a.balance and version % a.balance_every == 0:
+                    self._rebalance()
+        finally:
+            self.gate.stop()
+            self._join_actors()
+            self.backend.close()
+        self._save_async(train, version)
+        return records
+
+    def _setup_run(self, history: list, t_start: Optional[float]) -> None:
+        """Clocks, cost account, queues and the per-run statistics."""
+        last = history[-1] if history else {}
+        M = self.cfg.backend.max_shards
+        self.account = AsyncAccount(self.cfg.cost, M, int(self.state.round),
+                                    last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0))
+        self._wall0 = (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
+        self._param_bytes = sum(x.nbytes for x in jax.tree.leaves(self.state.train.params))
+        self._queue, self._lock, self._threads = queue.Queue(), threading.Lock(), {}
+        self._wanted = [False] * M
+        self._counts = [int(c) for c in np.asarray(self.state.counts)]
+        self._ledger_counts = list(self._counts)
+        table = self.state.table
+        self._ledger = None if table is None else SlotTable(jax.tree.map(np.asarray, table))
+        self._produced = None if table is None else SlotTable(jax.tree.map(np.copy, self._ledger.data))
+        self.staleness = Counter()
+        self._window = {"chunk_s": deque(maxlen=64), "update_s": deque(maxlen=self.cfg.asynchronous.balance_every)}
+        self._last_update_t = time.perf_counter()
+        self.dropped_total = 0
+
+    def _actors_on(self, train, version: int) -> None:
+        a = self.cfg.asynchronous
+        self.gate = Gate(a.batch_chunks, a.max_staleness, version, _publishable(train.params))
+        self.active = a.actors if a.actors is not None else a.batch_chunks
+        self._set_active(self.active)
+
+    def _join_actors(self) -> None:
+        for t in list(self._threads.values()):
+            t.join(timeout=self.cfg.backend.shard_timeout * (self.cfg.backend.max_retries + 1) + 5)
+
+    def _stop(self, version: int, env_steps: int, records: list) -> Optional[str]:
+        self.stop_reason = self._stop_reason(version, env_steps, records)
+        budget = self.cfg.run.budget_usd
+        if self.stop_reason is None and budget is not None and self.account.usd >= budget:
+            self.stop_reason = "budget"
+        return self.stop_reason
+
+    def _update(self, train, version: int, env_steps: int):
+        """Collect `K` chunks, learn, publish version + 1; returns `(train, record)`."""
+        chunks, dropped = self._collect(version)
+        t1 = time.perf_counter()
+        train, metrics, lag = self._learn(train, chunks, version)
+        self.gate.publish(_publishable(train.params), version + 1)
+        t2 = time.perf_counter()
+        self._take(chunks + dropped)
+        self.staleness.update(int(x) for x in lag)
+        self.dropped_total += len(dropped)
+        rec = self._record(version + 1, env_steps, chunks, dropped, metrics, lag,
+                           {"learn": t2 - t1, "update": t2 - self._last_update_t})
+        self._window["update_s"].append(t2 - t1)
+        self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
+        self._last_update_t = t2
+        return train, rec
+
+    def _record(self, u: int, env_steps: int, chunks: list, dropped: list, metrics, lag, times) -> dict:
+        """One update's metrics line, cost included."""
+        steps = self.learner.steps_per_shard
+        taken = chunks + dropped
+        env_steps += len(taken) * steps
+        dt = max(times["update"], 1e-9)
+        rec = {"update": u, "round": u, "time": time.time(), "env_steps": env_steps,
+               "num_shards": len(taken), "return": nan_to_none(metrics["return_mean"])}
+        rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
+        rec.update({"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
+                    "dropped": len(dropped), "actors_active": self.active,
+                    "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
+                    "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
+                    "learn_s": times["learn"], "round_s": times["update"], "sps": len(chunks) * steps / dt,
+                    "retries": sum(c.info.retries for c in taken),
+                    "slot_resets": sum(bool(c.info.reset) and c.index > 0 for c in taken),
+                    "chunks": [[c.slot, c.index, c.version] for c in taken],
+                    "episode_return_sum": [float(metrics["episode_return_sum"])],
+                    "episodes": [float(metrics["episodes"])]})
+        rec.update(self._charge(u, taken, times["learn"]))
+        return rec
+
+    def _charge(self, u: int, taken: list, learn_s: float) -> dict:
+        """Bill the chunks taken and the update on the async modeled clock."""
+        arrivals = []
+        for c in taken:
+            seconds = shard_seconds([c.info])[0] * c.factor
+            moved = int(c.stats["bytes_sent"]) + int(c.stats["bytes_received"]) or (
+                self._param_bytes + sum(x.nbytes for x in jax.tree.leaves(
+                    (c.output.traj, c.output.bootstrap))))
+            arrivals.append(self.account.chunk(c.slot, c.version, seconds, moved))
+        rc = self.account.update(arrivals, learn_s, u)
+        rec = cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0)
+        rec["modeled_wait_s"] = rc.components["wait_s"]
+        return rec
+
+    def _rebalance(self) -> None:
+        a = self.cfg.asynchronous
+        chunk_s, update_s = self._window["chunk_s"], self._window["update_s"]
+        if not chunk_s or not update_s:
+            return
+        production = self.active / float(np.mean(chunk_s))
+        consumption = a.batch_chunks / float(np.mean(update_s))
+        top = a.max_actors if a.max_actors is not None else self.cfg.backend.max_shards
+        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors, top)
+        if new != self.active:
+            self.active = new
+            self._set_active(new)
+
+    def _save_async(self, train, version: int) -> None:
+        table = None if self._ledger is None else jax.tree.map(np.asarray, self._ledger.data)
+        state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32))
+        self.ckpt.save(state, step=version)
+        self.state = state
+
+    def summary(self) -> dict:
+        """Async figures for summary.json."""
+        total = sum(self.staleness.values())
+        return {"trainer": "async", "scheduler": "balance" if self.cfg.asynchronous.balance else "none",
+                "max_staleness": self.cfg.asynchronous.max_staleness,
+                "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+                "staleness_mean": (sum(k * v for k, v in self.staleness.items()) / total) if total else None,
+                "dropped_chunks": self.dropped_total, "actors_active_final": self.active}
+
+
+def _publishable(params):
+    """A copy of the learner's params for the actors: the next update donates its
+    state, and actors on other threads must not read buffers it reuses."""
+    return jax.tree.map(jnp.copy, params)
+
+
+def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
+    """Train with the async trainer; called by `runner.train` for `trainer=async`."""
+    from jaxrl_dist.rounds import train_rounds
+
+    return train_rounds(cfg, run_dir, resuming, t_start, AsyncTrainer)
