@@ -55,13 +55,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, stack_outputs
+from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, run_shard
 from jaxrl_dist.config import Config
+from jaxrl_dist.shard import learn_key
 from jaxrl_dist.cost import AsyncAccount
 from jaxrl_dist.logger import LOSS_KEYS, nan_to_none
 from jaxrl_dist.rounds import (RoundTrainer, TrainState, cost_fields, init_table, init_train,
-                               recent_return_of, round_keys, shard_seconds, straggle)
-from jaxrl_dist.shard import ShardOutput
+                               reached, recent_return_of, round_keys, shard_seconds, straggle)
 
 
 class AsyncState(NamedTuple):
@@ -77,7 +77,7 @@ class Chunk(NamedTuple):
     slot: int
     index: int  # the slot's chunk count: its key is round `index`'s
     version: int  # params version it was made with
-    output: ShardOutput  # traj `[T, B]`, slot state after it (None: sticky), bootstrap `[B]`
+    output: Any  # shard.ShardOutput: traj `[T, B]`, slot state after it (None: sticky), bootstrap `[B]`
     info: Any  # `backends.ShardInfo`
     stats: dict  # the backend's dispatch/wait/transfer seconds and bytes
     factor: float  # injected slowdown
@@ -167,13 +167,20 @@ class AsyncTrainer(RoundTrainer):
 
     def _start_actor(self, slot: int) -> None:
         """Run slot `slot`'s chunks from where its last delivered one left off."""
-        table = None if self._produced is None else SlotTable(jax.tree.map(np.copy, self._produced.data))
-        t = threading.Thread(target=self._actor, args=(slot, table), daemon=True,
+        t = threading.Thread(target=self._actor, args=(slot, self._slot_state(slot)), daemon=True,
                              name=f"jaxrl-dist-actor-{slot}")
         self._threads[slot] = t
         t.start()
 
-    def _actor(self, slot: int, table: Optional[SlotTable]) -> None:
+    def _slot_state(self, slot: int):
+        """The slot's env state after its last delivered chunk (None: sticky)."""
+        if self._base is None:
+            return None
+        if slot in self._produced:
+            return self._produced[slot]
+        return jax.tree.map(lambda x: x[slot], self._base)
+
+    def _actor(self, slot: int, state) -> None:
         b, seed = self.cfg.backend, self.cfg.seed
         ticket = self.gate.claim()
         try:
@@ -186,13 +193,10 @@ class AsyncTrainer(RoundTrainer):
                 index = self._counts[slot]
                 t0 = time.perf_counter()
                 keys, _ = round_keys(seed, index, [slot])
-                result = self.backend.run_round(index, params, [ShardTask(slot, keys[0])], table)
-                factor = float(straggle(result.shards, b)[0])
-                out = ShardOutput(jax.tree.map(lambda x: np.asarray(x)[:, 0], result.traj),
-                                  None if table is None else table.get(slot),
-                                  np.asarray(result.bootstrap)[0])
-                chunk = Chunk(slot, index, version, out, result.shards[0], result.stats, factor,
-                              time.perf_counter() - t0)
+                out, info, stats = run_shard(self.backend, index, params, ShardTask(slot, keys[0]), state)
+                factor = float(straggle([info], b)[0])
+                state = out.actor
+                chunk = Chunk(slot, index, version, out, info, stats, factor, time.perf_counter() - t0)
                 ticket = self._deliver(chunk)
                 if ticket is None:
                     return
@@ -206,8 +210,7 @@ class AsyncTrainer(RoundTrainer):
         with self._lock:
             s = chunk.slot
             self._counts[s] = chunk.index + 1
-            if self._produced is not None:
-                self._produced.put([s], [chunk.output.actor])
+            self._produced[s] = chunk.output.actor
             go_on = self._wanted[s] and not self.gate.stopping
             ticket = self.gate.claim() if go_on else None
             self._queue.put(chunk)
@@ -255,53 +258,106 @@ class AsyncTrainer(RoundTrainer):
     def _take(self, chunks: list) -> None:
         """Move the checkpointed slot states and counts past chunks the learner took."""
         for c in chunks:
-            if self._ledger is not None:
-                self._ledger.put([c.slot], [c.output.actor])
+            self._ledger[c.slot] = c.output.actor
             self._ledger_counts[c.slot] = c.index + 1
 
+    def _learn_fn(self):
+        """Jitted `(train, outputs, key, lag) -> (train, metrics)`: the core update on
+        `K` chunks stacked inside the same program (no host round trip), not donating
+        its state, so the params it returns can go to the actors as they are."""
+        K, learn = self.cfg.asynchronous.batch_chunks, self.learner.update_fn
+
+        def learn_chunks(train, outputs, version, lag=None):
+            traj = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[o[0] for o in outputs])
+            boot = jnp.stack([o[1] for o in outputs])
+            return learn(train, traj, boot, K, learn_key(self.cfg.seed, version), lag)
+
+        return jax.jit(learn_chunks)
+
     def _learn(self, train, chunks: list, version: int):
-        K = self.cfg.asynchronous.batch_chunks
-        traj, boot = stack_outputs([c.output for c in chunks], K)
+        outputs = [(c.output.traj, c.output.bootstrap) for c in chunks]
         lag = np.array([version - c.version for c in chunks], np.int32)
-        _, key = round_keys(self.cfg.seed, version, [0])
         self._warm.join()
+        v = np.int32(version)
         if lag.any():
-            train, metrics = self.learner.update(train, traj, boot, K, key, lag)
+            train, metrics = self._learn_chunks(train, outputs, v, lag)
         else:  # exactly the round trainer's update
-            train, metrics = self.learner.update(train, traj, boot, K, key)
-        return train, jax.device_get(metrics), lag
+            train, metrics = self._learn_chunks(train, outputs, v)
+        return train, metrics, lag  # dispatched: bookkeeping waits for the metrics
+
+    def _warm_learner(self, train) -> threading.Thread:
+        """Compile the update on zeros in a thread, while the actors start."""
+        from jaxrl_dist import wire
+
+        self._learn_chunks = self._learn_fn()
+        out = wire.output_templates(self.program)
+        zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
+        one = (jax.tree.map(zeros, out.traj), zeros(out.bootstrap))
+        outputs = [one] * self.cfg.asynchronous.batch_chunks
+        thread = threading.Thread(target=self._learn_chunks, daemon=True,
+                                  args=(train, outputs, np.int32(0)))
+        thread.start()
+        return thread
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         """Learn update after update until `algo.total_timesteps` or a `run.*` stop
-        condition (`self.stop_reason`); returns this run's records (one per update)."""
+        condition (`self.stop_reason`); returns this run's records (one per update).
+
+        This thread only collects, learns and publishes; a bookkeeping thread
+        writes each update's record, cost, checkpoint and balance decision while
+        the next update computes (and stops the run at the target or budget)."""
         import uuid
 
-        cfg, a = self.cfg, self.cfg.asynchronous
+        cfg = self.cfg
         self._setup_run(history, t_start)
         self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
         train, version = self.state.train, int(self.state.round)
         env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
-        records, so_far = [], list(history)
+        records = []
+        books = threading.Thread(target=self._bookkeeping, args=(logger, list(history), records),
+                                 daemon=True, name="jaxrl-dist-books")
         self._warm = self._warm_learner(train)
         self._actors_on(train, version)
+        books.start()
         try:
-            while self._stop(version, env_steps, so_far) is None:
-                train, rec = self._update(train, version, env_steps)
-                version, env_steps = version + 1, rec["env_steps"]
+            while self._stop(version, env_steps) is None:
+                train, done = self._update(train, version)
+                version += 1
+                env_steps += done * self.learner.steps_per_shard
+        finally:
+            self._done.put(None)
+            books.join()
+            self.gate.stop()
+            self._join_actors()
+            self.backend.close()
+        if self._books_error is not None:
+            raise self._books_error
+        self._save_async(train, version)
+        return records
+
+    def _bookkeeping(self, logger, so_far: list, records: list) -> None:
+        """Each update's record, log line, checkpoint and balance step, in order."""
+        cfg, a = self.cfg, self.cfg.asynchronous
+        env_steps = sum(rec["num_shards"] for rec in so_far) * self.learner.steps_per_shard
+        try:
+            while (item := self._done.get()) is not None:
+                train, version, chunks, dropped, metrics, lag, t1 = item
+                metrics, times = self._finished(metrics, t1)
+                self._take(chunks + dropped)
+                self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
+                rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
+                env_steps = rec["env_steps"]
                 so_far.append(rec)
                 rec["return_recent"] = recent_return_of(so_far, cfg.run.target_episodes)
                 logger.log([rec])
                 records.append(rec)
+                self._late_stop = self._late_stop or self._stop_late(so_far)
                 if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
                     self._save_async(train, version)
                 if a.balance and version % a.balance_every == 0:
                     self._rebalance()
-        finally:
-            self.gate.stop()
-            self._join_actors()
-            self.backend.close()
-        self._save_async(train, version)
-        return records
+        except Exception as err:  # the learner stops at its next check and re-raises it
+            self._books_error, self._late_stop = err, "error"
 
     def _setup_run(self, history: list, t_start: Optional[float]) -> None:
         """Clocks, cost account, queues and the per-run statistics."""
@@ -315,17 +371,18 @@ class AsyncTrainer(RoundTrainer):
         self._wanted = [False] * M
         self._counts = [int(c) for c in np.asarray(self.state.counts)]
         self._ledger_counts = list(self._counts)
-        table = self.state.table
-        self._ledger = None if table is None else SlotTable(jax.tree.map(np.asarray, table))
-        self._produced = None if table is None else SlotTable(jax.tree.map(np.copy, self._ledger.data))
+        self._base = self.state.table  # `[M, ...]` host slot states of the checkpoint (None: sticky)
+        self._ledger, self._produced = {}, {}  # slot -> state after its last taken / delivered chunk
         self.staleness = Counter()
         self._window = {"chunk_s": deque(maxlen=64), "update_s": deque(maxlen=self.cfg.asynchronous.balance_every)}
         self._last_update_t = time.perf_counter()
         self.dropped_total = 0
+        self._done = queue.Queue()  # updates for the bookkeeping thread
+        self._late_stop, self._books_error = None, None
 
     def _actors_on(self, train, version: int) -> None:
         a = self.cfg.asynchronous
-        self.gate = Gate(a.batch_chunks, a.max_staleness, version, _publishable(train.params))
+        self.gate = Gate(a.batch_chunks, a.max_staleness, version, train.params)
         self.active = a.actors if a.actors is not None else a.batch_chunks
         self._set_active(self.active)
 
@@ -333,29 +390,42 @@ class AsyncTrainer(RoundTrainer):
         for t in list(self._threads.values()):
             t.join(timeout=self.cfg.backend.shard_timeout * (self.cfg.backend.max_retries + 1) + 5)
 
-    def _stop(self, version: int, env_steps: int, records: list) -> Optional[str]:
-        self.stop_reason = self._stop_reason(version, env_steps, records)
-        budget = self.cfg.run.budget_usd
-        if self.stop_reason is None and budget is not None and self.account.usd >= budget:
-            self.stop_reason = "budget"
+    def _stop(self, version: int, env_steps: int) -> Optional[str]:
+        """Why the learner stops before update `version + 1` (None: go on): the step
+        or update budget here, the target or dollar budget as bookkeeping found them."""
+        self.stop_reason = self._late_stop or self._stop_reason(version, env_steps, [])
         return self.stop_reason
 
-    def _update(self, train, version: int, env_steps: int):
-        """Collect `K` chunks, learn, publish version + 1; returns `(train, record)`."""
+    def _finished(self, metrics, dispatched: float) -> tuple:
+        """Wait for an update's metrics; `(metrics, times)`. Its compute began when it
+        was dispatched or when the update before it finished, whichever was later."""
+        metrics = jax.device_get(metrics)
+        done = time.perf_counter()
+        times = {"learn": done - max(dispatched, self._last_update_t), "update": done - self._last_update_t}
+        self._last_update_t = done
+        self._window["update_s"].append(times["learn"])
+        return metrics, times
+
+    def _stop_late(self, records: list) -> Optional[str]:
+        """The stop conditions that need the records: target reached, dollars spent."""
+        run = self.cfg.run
+        if run.stop_at_target and reached(records[-1], run.target_return):
+            return "target"
+        if run.budget_usd is not None and self.account.usd >= run.budget_usd:
+            return "budget"
+        return None
+
+    def _update(self, train, version: int):
+        """Collect `K` chunks, learn, publish version + 1, hand the rest to bookkeeping;
+        returns `(train, chunks taken)`."""
         chunks, dropped = self._collect(version)
         t1 = time.perf_counter()
         train, metrics, lag = self._learn(train, chunks, version)
-        self.gate.publish(_publishable(train.params), version + 1)
-        t2 = time.perf_counter()
-        self._take(chunks + dropped)
+        self.gate.publish(train.params, version + 1)  # still computing: the actors' programs wait for it
         self.staleness.update(int(x) for x in lag)
         self.dropped_total += len(dropped)
-        rec = self._record(version + 1, env_steps, chunks, dropped, metrics, lag,
-                           {"learn": t2 - t1, "update": t2 - self._last_update_t})
-        self._window["update_s"].append(t2 - t1)
-        self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
-        self._last_update_t = t2
-        return train, rec
+        self._done.put((train, version + 1, chunks, dropped, metrics, lag, t1))
+        return train, len(chunks) + len(dropped)
 
     def _record(self, u: int, env_steps: int, chunks: list, dropped: list, metrics, lag, times) -> dict:
         """One update's metrics line, cost included."""
@@ -407,7 +477,12 @@ class AsyncTrainer(RoundTrainer):
             self._set_active(new)
 
     def _save_async(self, train, version: int) -> None:
-        table = None if self._ledger is None else jax.tree.map(np.asarray, self._ledger.data)
+        table = None
+        if self._base is not None:
+            table = SlotTable(self._base)
+            if self._ledger:
+                table.put(list(self._ledger), list(self._ledger.values()))
+            table = jax.tree.map(np.asarray, table.data)
         state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32))
         self.ckpt.save(state, step=version)
         self.state = state
@@ -420,12 +495,6 @@ class AsyncTrainer(RoundTrainer):
                 "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
                 "staleness_mean": (sum(k * v for k, v in self.staleness.items()) / total) if total else None,
                 "dropped_chunks": self.dropped_total, "actors_active_final": self.active}
-
-
-def _publishable(params):
-    """A copy of the learner's params for the actors: the next update donates its
-    state, and actors on other threads must not read buffers it reuses."""
-    return jax.tree.map(jnp.copy, params)
 
 
 def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:

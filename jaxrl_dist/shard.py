@@ -17,6 +17,7 @@ round is the same on every backend and on every retry.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -121,12 +122,17 @@ def spec_from_config(cfg: Config, suite: str, continuous: bool) -> ShardSpec:
                      json.dumps(cfg.env.kwargs, sort_keys=True))
 
 
+def learn_key(seed, round_):
+    """The learner's key of round `round_` (traceable: the async learner derives it
+    inside its own program)."""
+    return jax.random.fold_in(jax.random.fold_in(rng.key(seed), _LEARN_STREAM), round_)
+
+
 @jax.jit
 def _round_keys(seed, round_, slots):
-    base = rng.key(seed)
-    k = jax.random.fold_in(jax.random.fold_in(base, _SHARD_STREAM), round_)
+    k = jax.random.fold_in(jax.random.fold_in(rng.key(seed), _SHARD_STREAM), round_)
     shard = jax.vmap(lambda s: rng.unwrap(jax.random.fold_in(k, s)))(slots)
-    return shard, jax.random.fold_in(jax.random.fold_in(base, _LEARN_STREAM), round_)
+    return shard, learn_key(seed, round_)
 
 
 def round_keys(seed: int, round_: int, slots) -> tuple:
@@ -174,6 +180,7 @@ class ShardProgram:
         self.network = make_network(self.env.spec, spec.network, spec.hidden_sizes, spec.activation)
         self._stacked = {}
         self.run = self.stacked(1)
+        self._one = jax.jit(self._run_one)
         self.lock = threading.Lock()
 
     def opts(self, k: int) -> RolloutOptions:
@@ -221,10 +228,14 @@ class ShardProgram:
             self._actor_template = jax.eval_shape(self.init_slot, rng.key(0))
         return self._actor_template
 
+    def _run_one(self, params, actor: ActorState, key) -> ShardOutput:
+        actor, traj, boot = self.run(params, actor, key[None])
+        return ShardOutput(jax.tree.map(lambda x: x[:, 0], traj), actor, boot[0])
+
     def run_one(self, params, actor: ActorState, key) -> ShardOutput:
-        actor, traj, boot = self.run(params, actor, jnp.asarray(key)[None])
-        traj = jax.tree.map(lambda x: x[:, 0], traj)
-        return ShardOutput(traj, actor, boot[0])
+        """One shard, one jitted call: host-side slicing after it costs more than the
+        rollout when several threads run shards at once (the async trainer)."""
+        return self._one(params, actor, key)
 
 
 class ShardWorker:
@@ -251,7 +262,8 @@ class ShardWorker:
 
     def compiled(self) -> int:
         """Compiled rollout executables held (one per spec and shapes)."""
-        return sum(fn._cache_size() for p in list(self._programs.values()) for fn in p._stacked.values())
+        return sum(fn._cache_size() for p in list(self._programs.values())
+                   for fn in [p._one, *p._stacked.values()])
 
     def run(self, spec: ShardSpec, params, actor: Optional[ActorState], key, slot: int,
             run_id: str = "", seed: int = 0, received: Optional[float] = None):
@@ -263,7 +275,8 @@ class ShardWorker:
         received = time.time() if received is None else received
         prog = self.program(spec, slot, seed)
         reset = False
-        with prog.lock:  # one env pool, one rollout at a time
+        # one env pool, one rollout at a time; a stateless slot's rollout is a pure function
+        with prog.lock if spec.sticky else contextlib.nullcontext():
             started = time.time()
             if spec.sticky:
                 actor = self._slots.get((run_id, slot))

@@ -105,6 +105,49 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    # optional: one shard on its own (the async trainer); `run_shard` below falls back
+    # to `run_round` with a one-slot table where a backend has none
+    # def run_shard(self, index: int, params, task: ShardTask, state) -> tuple: ...
+
+
+class OneSlot:
+    """A slot table of one slot's state, so `run_round` can run a single shard."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def get(self, slot: int):
+        return self.state
+
+    def put(self, slots: list, states: list) -> None:
+        self.state = states[0]
+
+
+def run_shard(backend, index: int, params, task: ShardTask, state) -> tuple:
+    """Run one shard (the `index`-th of its slot) from slot state `state` (None for
+    sticky specs); returns `(output, info, stats)`: a `shard.ShardOutput` (`[T, B]`
+    trajectory, the slot's new state, `[B]` bootstrap), its `ShardInfo` and the
+    backend's dispatch/wait/transfer stats."""
+    import numpy as np
+
+    from jaxrl_dist.shard import ShardOutput
+
+    if hasattr(backend, "run_shard"):
+        return backend.run_shard(index, params, task, state)
+    table = None if state is None else OneSlot(state)
+    result = backend.run_round(index, params, [task], table)
+    out = ShardOutput(_first(result.traj), None if table is None else table.state,
+                      np.asarray(result.bootstrap)[0])
+    return out, result.shards[0], result.stats
+
+
+def _first(traj):
+    """Shard 0 of a stacked `[T, K, B]` trajectory, on the host."""
+    import jax
+    import numpy as np
+
+    return jax.tree.map(lambda x: np.asarray(x)[:, 0], traj)
+
 
 def _load(target: str):
     module, _, attr = target.partition(":")
@@ -154,5 +197,6 @@ def stack_outputs(outputs: list, k: int):
     return traj, boot
 
 
-__all__ = ["Backend", "BackendError", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable",
+__all__ = ["Backend", "BackendError", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
+           "run_shard",
            "make_backend", "available", "bucket", "stack_outputs", "GROUP"]

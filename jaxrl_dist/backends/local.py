@@ -92,6 +92,14 @@ class LocalBackend:
         shards = [ShardInfo(t.slot, timing, False, retries, "local") for t in tasks]
         return RoundResult(traj, boot, shards, _stats(t1 - t0))
 
+    def run_shard(self, index: int, params, task, state) -> tuple:
+        """One shard from `state` (the async trainer): the worker's single-shard program."""
+        t0 = time.time()
+        run = lambda: self._worker.run(self.job.spec, params, state, task.key, task.slot,  # noqa: E731
+                                       self.job.run_id, self.job.seed)
+        (out, timing, reset), retries = self._attempt(run)
+        return out, ShardInfo(task.slot, timing, reset, retries, "local"), _stats(time.time() - t0)
+
     def _run_sticky(self, params, tasks, t0) -> RoundResult:
         outs, shards = [], []
         for t in tasks:
