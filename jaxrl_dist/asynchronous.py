@@ -293,9 +293,15 @@ class AsyncTrainer(RoundTrainer):
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
         one = (jax.tree.map(zeros, out.traj), zeros(out.bootstrap))
-        outputs = [one] * self.cfg.asynchronous.batch_chunks
-        thread = threading.Thread(target=self._learn_chunks, daemon=True,
-                                  args=(train, outputs, np.int32(0)))
+        K = self.cfg.asynchronous.batch_chunks
+        outputs = [one] * K
+        lags = [()] + ([(np.ones((K,), np.int32),)] if self.cfg.asynchronous.max_staleness else [])
+
+        def compile_all():  # the stale variant too: it first runs mid-run otherwise
+            for lag in lags:  # called as `_learn` calls it, so the cache entries match
+                self._learn_chunks(train, outputs, np.int32(0), *lag)
+
+        thread = threading.Thread(target=compile_all, daemon=True)
         thread.start()
         return thread
 
@@ -343,6 +349,9 @@ class AsyncTrainer(RoundTrainer):
             while (item := self._done.get()) is not None:
                 train, version, chunks, dropped, metrics, lag, t1 = item
                 metrics, times = self._finished(metrics, t1)
+                # published once computed: an actor given params still in flight would
+                # wait for the update instead of working beside it
+                self.gate.publish(train.params, version)
                 self._take(chunks + dropped)
                 self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
                 rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
@@ -416,12 +425,11 @@ class AsyncTrainer(RoundTrainer):
         return None
 
     def _update(self, train, version: int):
-        """Collect `K` chunks, learn, publish version + 1, hand the rest to bookkeeping;
-        returns `(train, chunks taken)`."""
+        """Collect `K` chunks and dispatch the update; bookkeeping publishes version + 1
+        when it has computed. Returns `(train, chunks taken)`."""
         chunks, dropped = self._collect(version)
         t1 = time.perf_counter()
         train, metrics, lag = self._learn(train, chunks, version)
-        self.gate.publish(train.params, version + 1)  # still computing: the actors' programs wait for it
         self.staleness.update(int(x) for x in lag)
         self.dropped_total += len(dropped)
         self._done.put((train, version + 1, chunks, dropped, metrics, lag, t1))
