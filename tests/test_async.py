@@ -1,0 +1,187 @@
+"""The async trainer (`trainer=async`): staleness 0 is the sync trainer, the
+staleness bound holds with stragglers, no chunk is lost or learned twice (a
+killed Ray actor, a dead HTTP instance, a resumed run), V-trace by hand, the
+balancer, the async modeled clock, and its config errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_dist import asynchronous, cost, ppo
+from jaxrl_dist.config import ConfigError, CostConfig, from_dict
+from jaxrl_dist.runner import train
+
+ENVS, STEPS, K = 4, 32, 4
+PER_UPDATE = K * ENVS * STEPS
+
+
+def config(run_dir: Path, trainer: str = "async", updates: int = 8, backend: dict = None,
+           **async_) -> object:
+    return from_dict({
+        "trainer": trainer,
+        "algo": {"total_timesteps": updates * PER_UPDATE, "num_steps": STEPS, "num_minibatches": 4,
+                 "update_epochs": 2},
+        "backend": {"name": "local", "max_shards": 8, "envs_per_shard": ENVS, **(backend or {})},
+        "scheduler": {"name": "fixed", "num_shards": K},
+        "async": {"batch_chunks": K, "actors": K, "balance": False, **async_},
+        "run": {"dir": str(run_dir), "progress": False, "tensorboard": False},
+    })
+
+
+def records(run_dir: Path) -> list:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_every_chunk_once(recs: list) -> None:
+    """Each slot's chunks, learned or dropped, are 0, 1, 2, ... with none missing
+    or repeated: none was lost and none learned twice. (A record lists its learned
+    chunks, then its dropped ones, which may be older.)"""
+    seen = {}
+    for rec in recs:
+        for slot, index, _ in rec["chunks"]:
+            seen.setdefault(slot, []).append(index)
+    assert seen
+    for slot, indices in seen.items():
+        assert sorted(indices) == list(range(len(indices))), (slot, indices)
+
+
+def test_staleness_zero_is_the_sync_trainer(tmp_path):
+    sync = train(config(tmp_path / "sync", trainer="sync"))
+    run = train(config(tmp_path / "async", max_staleness=0))
+    assert run["params_sha256"] == sync["params_sha256"]
+    assert run["rounds"] == sync["rounds"] == 8 and run["env_steps"] == sync["env_steps"]
+    assert run["staleness_histogram"] == {"0": 8 * K} and run["dropped_chunks"] == 0
+    recs = records(tmp_path / "async")
+    assert [sorted(s for s, _, _ in r["chunks"]) for r in recs] == [list(range(K))] * 8
+    assert_every_chunk_once(recs)
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_staleness_never_exceeds_the_bound_with_stragglers(tmp_path, bound):
+    """Every other slot 4x slower, more actors than a batch and the balancer on:
+    chunks lag, some may be dropped, none learned from is older than the bound."""
+    cfg = config(tmp_path, updates=24, max_staleness=bound, actors=6, balance=True, balance_every=2,
+                 backend={"slowdown": 4.0, "slow_every": 2})
+    summary = train(cfg)
+    recs = records(tmp_path)
+    assert len(recs) == summary["rounds"] and summary["env_steps"] >= 24 * PER_UPDATE  # drops count
+    assert all(0 <= r["staleness_max"] <= bound for r in recs)
+    assert max(int(k) for k in summary["staleness_histogram"]) <= bound
+    assert sum(summary["staleness_histogram"].values()) == K * len(recs)
+    assert summary["staleness_mean"] > 0  # it did run ahead of the learner
+    for r in recs:  # a record's chunks: the K learned ones within the bound, then any dropped
+        lags = [r["update"] - 1 - v for _, _, v in r["chunks"]]
+        assert sum(lag <= bound for lag in lags) == K and len(lags) == K + r["dropped"]
+    assert_every_chunk_once(recs)
+    assert {"production_rate", "consumption_rate", "actors_active", "staleness_mean"} <= set(recs[-1])
+    assert summary["cost_usd"] > 0 and summary["modeled_seconds"] > 0
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+    """SIGKILL mid-run, then `run.resume`: the chunks that were queued or running
+    are made again from the checkpointed slot states, none lost or learned twice."""
+    import signal
+    import subprocess
+    import time
+
+    from test_cli import command
+
+    from jaxrl_dist.cli import load_config
+
+    over = ["trainer=async", "async.max_staleness=0", "async.balance=false", "async.batch_chunks=4",
+            "async.actors=4", "algo.total_timesteps=40960", "run.checkpoint_every=2",
+            "run.progress=false", "run.tensorboard=false"]
+    whole = train(load_config(over + [f"run.dir={tmp_path / 'whole'}"]))
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(command() + ["train", f"run.dir={run_dir}"] + over,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = run_dir / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] < 20, steps  # killed before the end
+    out = subprocess.run(command() + ["train", f"run.resume={run_dir}", "run.progress=false"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["resumed_at_update"] == steps[-1] and resumed["rounds"] == whole["rounds"] == 20
+    assert resumed["params_sha256"] == whole["params_sha256"]
+    assert_every_chunk_once(records(run_dir))
+
+
+def test_vtrace_by_hand_and_on_policy_it_is_gae():
+    col = lambda *x: np.array(x, np.float32)[:, None]  # noqa: E731
+    reward, value, nxt = col(1.0, 2.0, 3.0), col(0.5, 1.0, 1.5), col(1.0, 1.5, 2.0)
+    zeros, ones = col(0, 0, 0), col(1, 1, 1)
+    gae = [np.asarray(x) for x in ppo.gae(reward, value, nxt, zeros, zeros, 0.5, 0.5)]
+    same = [np.asarray(x) for x in ppo.gae(reward, value, nxt, zeros, zeros, 0.5, 0.5, ones, ones)]
+    np.testing.assert_array_equal(gae[0], same[0])
+    # deltas: 1 + .5*1 - .5 = 1; 2 + .75 - 1 = 1.75; 3 + 1 - 1.5 = 2.5
+    # rho = (0.5, 1, 0.25), trace = (1, 0.5, 0.25), gamma*lam = 0.25:
+    # A2 = .25*2.5 = .625; A1 = 1*1.75 + .25*.5*.625 = 1.828125; A0 = .5*1 + .25*1*1.828125
+    rho, trace = col(0.5, 1.0, 0.25), col(1.0, 0.5, 0.25)
+    adv, target = ppo.gae(reward, value, nxt, zeros, zeros, 0.5, 0.5, rho, trace)
+    np.testing.assert_allclose(np.asarray(adv), col(0.95703125, 1.828125, 0.625), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(target), col(0.95703125, 1.828125, 0.625) + value, rtol=1e-6)
+
+
+def test_balance_starts_and_stops_one_actor_at_a_time():
+    b = asynchronous.balance
+    assert b(4, 10.0, 5.0, 0.2, 1, 8) == 3  # producing twice what is consumed: one fewer
+    assert b(4, 5.0, 10.0, 0.2, 1, 8) == 5  # half: one more
+    assert b(4, 11.0, 10.0, 0.2, 1, 8) == 4  # within tolerance
+    assert b(1, 10.0, 1.0, 0.2, 1, 8) == 1 and b(8, 1.0, 10.0, 0.2, 1, 8) == 8  # clipped
+    assert b(4, 0.0, 10.0, 0.2, 1, 8) == 4  # nothing measured yet
+
+
+def test_async_modeled_clock_by_hand():
+    """Two actors, one update of two chunks, warm instances: the update starts when
+    the later chunk arrives, and the next version is published when it ends."""
+    cfg = CostConfig(name="t", kind="serverless", vcpu_second_usd=1.0, gb_second_usd=0.0,
+                     vcpus_per_shard=1.0, billing_granularity_s=0.0, cold_start_s=5.0,
+                     warm_start_s=0.0, invoke_s=0.5, keep_warm_s=1e9, transfer_bytes_per_s=100.0,
+                     learner_hour_usd=3600.0)
+    acct = cost.AsyncAccount(cfg, 4, version=0)
+    # cold: invoke .5 + start 5 + compute 1 + 100 B at 100 B/s = 7.5; slot 1: 2 s compute -> 8.5
+    assert acct.chunk(0, 0, 1.0, 100) == pytest.approx(7.5)
+    assert acct.chunk(1, 0, 2.0, 100) == pytest.approx(8.5)
+    rc = acct.update([7.5, 8.5], 0.5, 1)
+    assert acct.now == pytest.approx(9.0) and rc.modeled_s == pytest.approx(9.0)
+    # shards billed compute + start: (1 + 5) + (2 + 5) at $1/s; learner $1/s for 9 s
+    assert rc.components["shard_usd"] == pytest.approx(13.0)
+    assert rc.usd == pytest.approx(22.0) and acct.usd == pytest.approx(22.0)
+    # slot 0 again, warm, with version 1 (published at 9): starts at 9, arrives at 9 + .5 + 1 + 1
+    assert acct.chunk(0, 1, 1.0, 100) == pytest.approx(11.5)
+
+
+@pytest.mark.parametrize("override, word", [
+    ({"backend": {"name": "fused"}}, "trainer=async needs a shard backend"),
+    ({"async": {"max_staleness": -1}}, "async.max_staleness"),
+    ({"async": {"actors": 9}}, "async.actors=9"),
+    ({"async": {"stale": 1}}, "unknown config key 'async.stale'"),
+    ({"backend": {"name": "local", "slowdown": 0.5}}, "backend.slowdown"),
+])
+def test_bad_async_keys_are_named(override, word):
+    base = {"trainer": "async", "backend": {"name": "local", "max_shards": 8}}
+    for k, v in override.items():
+        base[k] = {**base.get(k, {}), **v}
+    with pytest.raises(ConfigError, match=word.replace("*", r"\*")):
+        from_dict(base)
+
+
+def test_async_through_the_cli_writes_its_metrics(tmp_path):
+    from test_cli import run_cli
+
+    out = run_cli("train", "trainer=async", "async.max_staleness=2", "algo.total_timesteps=16384",
+                  f"run.dir={tmp_path}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trainer"] == "async" and summary["rounds"] >= 8
+    assert summary["wall_to_target_s"] is None or summary["wall_to_target_s"] > 0
+    rec = records(tmp_path)[-1]
+    assert rec["staleness_max"] <= 2 and rec["actors_active"] >= 1
