@@ -307,7 +307,7 @@ def _check_rounds(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if b.max_retries < 0:
         raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
-    if s.name == "fixed" and s.num_shards > b.max_shards:
+    if s.name == "fixed" and s.num_shards > b.max_shards and cfg.trainer == "sync":
         raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
     if cfg.num_seeds != 1:
         raise ConfigError(f"num_seeds: the round trainer trains one seed, got {cfg.num_seeds}")

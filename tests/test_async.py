@@ -185,3 +185,60 @@ def test_async_through_the_cli_writes_its_metrics(tmp_path):
     assert summary["wall_to_target_s"] is None or summary["wall_to_target_s"] > 0
     rec = records(tmp_path)[-1]
     assert rec["staleness_max"] <= 2 and rec["actors_active"] >= 1
+
+
+def _killing(monkeypatch, cls, slot: int, index: int, kill) -> list:
+    """Patch `cls.run_round` to call `kill(backend)` once, just before slot `slot`'s
+    `index`-th chunk goes out; returns the list that records the kill."""
+    done, run_round = [], cls.run_round
+
+    def run(self, round_, params, tasks, table):
+        if not done and tasks[0].slot == slot and round_ == index:
+            kill(self)
+            done.append(round_)
+        return run_round(self, round_, params, tasks, table)
+
+    monkeypatch.setattr(cls, "run_round", run)
+    return done
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
+def test_a_killed_ray_actor_is_replaced_without_losing_or_doubling_a_chunk(tmp_path, monkeypatch):
+    """Staleness 0 on a Ray runtime: slot 1's actor is killed before its third chunk;
+    the backend replaces it and reruns the chunk with the same keys, and the run
+    ends with the local backend's parameters."""
+    ray = pytest.importorskip("ray")
+    from jaxrl_dist.backends.ray_backend import RayBackend
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    kw = {"updates": 5, "max_staleness": 0, "batch_chunks": 2, "actors": 2}
+    local = train(config(tmp_path / "local", **kw))
+    killed = _killing(monkeypatch, RayBackend, 1, 2,
+                      lambda b: ray.kill(b.actors()[1], no_restart=True))
+    run = train(config(tmp_path / "ray", backend={"name": "ray", "max_shards": 2}, **kw))
+    assert killed == [2] and run["retries"] == 1
+    assert run["params_sha256"] == local["params_sha256"]
+    assert_every_chunk_once(records(tmp_path / "ray"))
+
+
+def test_a_dead_http_instance_is_replaced_by_the_other(tmp_path, monkeypatch):
+    """Two real function instances; the one slot 1 uses dies before its third
+    chunk: the chunk goes to the other instance and the run ends with the local
+    backend's parameters."""
+    from serving import TOKEN, Server
+
+    from jaxrl_dist.backends.http import HttpBackend
+
+    kw = {"updates": 5, "max_staleness": 0, "batch_chunks": 2, "actors": 2}
+    local = train(config(tmp_path / "local", **kw))
+    a, b = Server(), Server()
+    try:
+        killed = _killing(monkeypatch, HttpBackend, 1, 2, lambda _: b.stop())
+        run = train(config(tmp_path / "http", backend={
+            "name": "http", "max_shards": 2, "urls": [a.url, b.url], "token": TOKEN}, **kw))
+    finally:
+        a.stop()
+        b.stop()
+    assert killed == [2] and run["retries"] >= 1
+    assert run["params_sha256"] == local["params_sha256"]
+    assert_every_chunk_once(records(tmp_path / "http"))
