@@ -267,43 +267,46 @@ class AsyncTrainer(RoundTrainer):
         its state, so the params it returns can go to the actors as they are."""
         K, learn = self.cfg.asynchronous.batch_chunks, self.learner.update_fn
 
-        def learn_chunks(train, outputs, version, lag=None):
+        def learn_chunks(train, outputs, seed, version, lag=None):
             traj = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[o[0] for o in outputs])
             boot = jnp.stack([o[1] for o in outputs])
-            return learn(train, traj, boot, K, learn_key(self.cfg.seed, version), lag)
+            # seed and version are arguments: as constants they would change the program,
+            # and miss the persistent compile cache, with every seed
+            return learn(train, traj, boot, K, learn_key(seed, version), lag)
 
         return jax.jit(learn_chunks)
 
     def _learn(self, train, chunks: list, version: int):
         outputs = [(c.output.traj, c.output.bootstrap) for c in chunks]
         lag = np.array([version - c.version for c in chunks], np.int32)
-        self._warm.join()
-        v = np.int32(version)
-        if lag.any():
-            train, metrics = self._learn_chunks(train, outputs, v, lag)
+        stale = bool(lag.any())
+        self._warm[stale].join()
+        args = (train, outputs, np.int32(self.cfg.seed), np.int32(version))
+        if stale:
+            train, metrics = self._learn_chunks(*args, lag)
         else:  # exactly the round trainer's update
-            train, metrics = self._learn_chunks(train, outputs, v)
+            train, metrics = self._learn_chunks(*args)
         return train, metrics, lag  # dispatched: bookkeeping waits for the metrics
 
-    def _warm_learner(self, train) -> threading.Thread:
-        """Compile the update on zeros in a thread, while the actors start."""
+    def _warm_learner(self, train) -> dict:
+        """Compile the update on zeros while the actors start: `{stale: thread}` for
+        the on-policy variant and (with `max_staleness` > 0) the corrected one, which
+        would otherwise first compile mid-run."""
         from jaxrl_dist import wire
 
         self._learn_chunks = self._learn_fn()
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
-        one = (jax.tree.map(zeros, out.traj), zeros(out.bootstrap))
         K = self.cfg.asynchronous.batch_chunks
-        outputs = [one] * K
-        lags = [()] + ([(np.ones((K,), np.int32),)] if self.cfg.asynchronous.max_staleness else [])
-
-        def compile_all():  # the stale variant too: it first runs mid-run otherwise
-            for lag in lags:  # called as `_learn` calls it, so the cache entries match
-                self._learn_chunks(train, outputs, np.int32(0), *lag)
-
-        thread = threading.Thread(target=compile_all, daemon=True)
-        thread.start()
-        return thread
+        args = (train, [(jax.tree.map(zeros, out.traj), zeros(out.bootstrap))] * K,
+                np.int32(0), np.int32(0))
+        threads = {False: threading.Thread(target=self._learn_chunks, args=args, daemon=True)}
+        if self.cfg.asynchronous.max_staleness:
+            threads[True] = threading.Thread(target=self._learn_chunks, daemon=True,
+                                             args=args + (np.ones((K,), np.int32),))
+        for t in threads.values():
+            t.start()
+        return threads
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         """Learn update after update until `algo.total_timesteps` or a `run.*` stop
