@@ -208,13 +208,13 @@ class AsyncAccount:
         start = self.now + self._setup.modeled_s
         self.actor_free = np.full((max_shards,), start)
         self.last_end = np.full((max_shards,), -np.inf)
-        self.published = {version: start}
+        self.first_version, self.published = version, [start]  # when each version was published
         self.learner_free = start
         self.chunk_usd = 0.0  # chunks billed since the last update
 
     def chunk(self, slot: int, version: int, shard_s: float, bytes_moved: float) -> float:
         """Bill one chunk of `slot` made with params `version`; returns its modeled arrival."""
-        start = max(self.actor_free[slot], self.published[version])
+        start = max(self.actor_free[slot], self.published[version - self.first_version])
         cold = np.array([start - self.last_end[slot] >= self.cfg.keep_warm_s])
         rc = round_cost(self.cfg, 1, np.array([shard_s]), float(bytes_moved), 0.0, cold)
         c = rc.components
@@ -229,9 +229,9 @@ class AsyncAccount:
         """Bill an update that learned from chunks arriving at `arrivals` (modeled)."""
         start = max([self.learner_free] + list(arrivals))
         end = start + learn_s
-        self.published[next_version] = self.learner_free = end
-        for old in [v for v in self.published if v < next_version - 64]:
-            del self.published[old]  # no chunk that old is ever learned from
+        self.learner_free = end
+        self.published.append(end)  # kept whole: a dropped straggler may be any age
+        assert len(self.published) == next_version - self.first_version + 1
         dt, self.now = end - self.now, end
         parts = {k: 0.0 for k in TIME_KEYS}
         parts.update({"learn_s": float(learn_s), "wait_s": float(start - (end - dt) - (

@@ -242,3 +242,12 @@ def test_a_dead_http_instance_is_replaced_by_the_other(tmp_path, monkeypatch):
     assert killed == [2] and run["retries"] >= 1
     assert run["params_sha256"] == local["params_sha256"]
     assert_every_chunk_once(records(tmp_path / "http"))
+
+
+def test_a_straggler_of_any_age_is_billed():
+    """A chunk made with version 0 that arrives after 100 updates (a straggler whose
+    first chunk included its compile) is dropped, and still billed from version 0."""
+    acct = cost.AsyncAccount(CostConfig(), 2, version=0)
+    for v in range(100):
+        acct.update([acct.chunk(0, v, 0.01, 10)], 0.01, v + 1)
+    assert acct.chunk(1, 0, 5.0, 10) > 5.0
