@@ -8,11 +8,16 @@ backend.slow_every=4`: every 4th slot's shards take 3 times as long (its
 machine is slower; the wait is a sleep, so the CPUs it leaves idle are there
 for the other actors, as they would be on other machines).
 
-Per run: env steps/s after warm-up (the env steps sampled between the 4th
+Per run (priced as `cost=aws_lambda`, whose instances stay warm between
+chunks, so the modeled clock follows compute rather than start-ups): env
+steps/s after warm-up (the env steps sampled between the 4th
 and the last update, over the measured seconds between them), measured wall
 time to the target (from the process's start: compiles included, the
-persistent compile cache warmed by an untimed run of each mode first), final
-return, staleness (mean and max of learned chunks' lag), dropped chunks, and
+persistent compile cache warmed by an untimed run of each mode first), the
+measured training time to the target (from the end of the first update, so
+without the start-up both trainers share), final
+return, the same two on the modeled cloud clock (actors on their own
+instances, their measured compute times), staleness (mean and max of learned chunks' lag), dropped chunks, and
 the mean number of active actors; mean and std over seeds, and the ratios
 async/sync of the same task and setting.
 
@@ -39,7 +44,7 @@ from common import fmt, machine_info, markdown_table, print_table, write_json  #
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COMMON = ["backend=local", "run.progress=false", "run.tensorboard=false", "scheduler=fixed",
+COMMON = ["backend=local", "cost=aws_lambda", "run.progress=false", "run.tensorboard=false", "scheduler=fixed",
           "scheduler.num_shards=4", "async.batch_chunks=4", "async.actors=4", "async.max_actors=8"]
 MODES = {
     "sync": ["trainer=sync"],
@@ -52,20 +57,21 @@ TASKS = {
     "cartpole": {"overrides": ["env=cartpole", "run.target_return=475", "run.stop_at_target=true",
                                "algo.total_timesteps=400000"],
                  "budget": "to 475, at most 4e5 steps"},
-    # short: 24 updates of 4 shards x 4 envs x 32 steps; throughput and staleness only
+    # short: 12 updates of 4 shards x 4 envs x 32 steps; throughput and staleness only
     "pong": {"overrides": ["env=pong", "backend.envs_per_shard=4", "algo.num_steps=32",
-                           "algo.num_minibatches=4", "algo.total_timesteps=12288"],
-             "budget": "shortened: 12288 steps (24 updates); no target"},
+                           "algo.num_minibatches=4", "algo.total_timesteps=6144"],
+             "budget": "shortened: 6144 steps (12 updates); no target"},
 }
 WARMUP_UPDATES = 4
 
 
-def throughput(records: list) -> float | None:
-    """Env steps per second between update `WARMUP_UPDATES` and the last."""
+def throughput(records: list, clock: str = "time") -> float | None:
+    """Env steps per second between update `WARMUP_UPDATES` and the last, on the
+    measured clock (`time`) or the modeled one (`cum_modeled_s`)."""
     if len(records) <= WARMUP_UPDATES:
         return None
     a, b = records[WARMUP_UPDATES - 1], records[-1]
-    return (b["env_steps"] - a["env_steps"]) / max(b["time"] - a["time"], 1e-9)
+    return (b["env_steps"] - a["env_steps"]) / max(b[clock] - a[clock], 1e-9)
 
 
 def run_one(task: str, mode: str, setting: str, seed: int, root: Path, extra=()) -> dict:
@@ -79,7 +85,11 @@ def run_one(task: str, mode: str, setting: str, seed: int, root: Path, extra=())
         summary = train(cfg)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     learned = [r for r in records if "staleness_mean" in r]
+    hit = next((r for r in records if (r.get("return_recent") or -1e9) >= (cfg.run.target_return or 1e9)), None)
     return {"seed": seed, "sps": throughput(records), "wall_to_target_s": summary.get("wall_to_target_s"),
+            "train_to_target_s": hit and hit["time"] - records[0]["time"],
+            "modeled_sps": throughput(records, "cum_modeled_s"),
+            "time_to_target_s": summary.get("time_to_target_s"),
             "final_return": summary.get("final_return"), "updates": len(records),
             "env_steps": summary.get("env_steps"), "wall_seconds": summary.get("wall_seconds"),
             "staleness_mean": statistics.fmean(r["staleness_mean"] for r in learned) if learned else 0.0,
@@ -95,7 +105,7 @@ def stats(values: list) -> dict:
             "std": statistics.stdev(xs) if len(xs) > 1 else 0.0 if xs else None, "n": len(xs)}
 
 
-METRICS = ("sps", "wall_to_target_s", "final_return", "staleness_mean", "staleness_max", "dropped",
+METRICS = ("sps", "wall_to_target_s", "train_to_target_s", "modeled_sps", "time_to_target_s", "final_return", "staleness_mean", "staleness_max", "dropped",
            "actors_mean", "updates")
 
 
@@ -106,7 +116,7 @@ def ratios(agg: dict) -> dict:
         base = agg.get((task, setting, "sync"))
         if mode == "sync" or base is None:
             continue
-        for k in ("sps", "wall_to_target_s"):
+        for k in ("sps", "wall_to_target_s", "train_to_target_s", "modeled_sps", "time_to_target_s"):
             x, y = a[k]["mean"], base[k]["mean"]
             if x is not None and y:
                 out[f"{task}/{setting}/{mode}/{k}_vs_sync"] = x / y
@@ -164,10 +174,14 @@ def main() -> None:
                           f"staleness {fmt(r['staleness_mean'])}/{r['staleness_max']}, "
                           f"dropped {r['dropped']} ({time.perf_counter() - t0:.0f} s)", flush=True)
     agg = {k: {m: stats([r[m] for r in rs]) for m in METRICS} for k, rs in runs.items()}
-    rows = [[t, s, m, cell(a["sps"], 4), cell(a["wall_to_target_s"]), cell(a["final_return"]),
+    rows = [[t, s, m, cell(a["sps"], 4), cell(a["wall_to_target_s"]), cell(a["train_to_target_s"]),
+             cell(a["modeled_sps"], 4),
+             cell(a["time_to_target_s"]), cell(a["final_return"]),
              f"{fmt(a['staleness_mean']['mean'])} / {fmt(a['staleness_max']['mean'])}",
              cell(a["dropped"]), cell(a["actors_mean"])] for (t, s, m), a in agg.items()]
-    headers = ["task", "setting", "mode", "env steps/s", "wall to target (s)", "final return",
+    headers = ["task", "setting", "mode", "env steps/s", "wall to target (s)", "training to target (s)",
+               "modeled env steps/s",
+               "modeled time to target (s)", "final return",
                "staleness mean / max", "dropped chunks", "actors"]
     print_table("async against sync", headers, rows)
     rat = ratios(agg)
