@@ -60,8 +60,8 @@ from jaxrl_dist.config import Config
 from jaxrl_dist.shard import learn_key
 from jaxrl_dist.cost import AsyncAccount
 from jaxrl_dist.logger import LOSS_KEYS, nan_to_none
-from jaxrl_dist.rounds import (RoundTrainer, TrainState, cost_fields, init_table, init_train,
-                               reached, recent_return_of, round_keys, shard_seconds, straggle)
+from jaxrl_dist.rounds import (RoundTrainer, TrainState, charged_bytes, cost_fields, init_table,
+                               init_train, recent_return_of, round_keys, shard_seconds, straggle)
 
 
 class AsyncState(NamedTuple):
@@ -405,7 +405,7 @@ class AsyncTrainer(RoundTrainer):
     def _stop(self, version: int, env_steps: int) -> Optional[str]:
         """Why the learner stops before update `version + 1` (None: go on): the step
         or update budget here, the target or dollar budget as bookkeeping found them."""
-        self.stop_reason = self._late_stop or self._stop_reason(version, env_steps, [])
+        self.stop_reason = self._late_stop or self._limit_reason(version, env_steps)
         return self.stop_reason
 
     def _finished(self, metrics, dispatched: float) -> tuple:
@@ -420,12 +420,10 @@ class AsyncTrainer(RoundTrainer):
 
     def _stop_late(self, records: list) -> Optional[str]:
         """The stop conditions that need the records: target reached, dollars spent."""
-        run = self.cfg.run
-        if run.stop_at_target and reached(records[-1], run.target_return):
-            return "target"
-        if run.budget_usd is not None and self.account.usd >= run.budget_usd:
+        target, budget = self._target_reason(records), self.cfg.run.budget_usd
+        if target is None and budget is not None and self.account.usd >= budget:
             return "budget"
-        return None
+        return target
 
     def _update(self, train, version: int):
         """Collect `K` chunks and dispatch the update; bookkeeping publishes version + 1
@@ -465,9 +463,8 @@ class AsyncTrainer(RoundTrainer):
         arrivals = []
         for c in taken:
             seconds = shard_seconds([c.info])[0] * c.factor
-            moved = int(c.stats["bytes_sent"]) + int(c.stats["bytes_received"]) or (
-                self._param_bytes + sum(x.nbytes for x in jax.tree.leaves(
-                    (c.output.traj, c.output.bootstrap))))
+            payload = sum(x.nbytes for x in jax.tree.leaves((c.output.traj, c.output.bootstrap)))
+            moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
             arrivals.append(self.account.chunk(c.slot, c.version, seconds, moved))
         rc = self.account.update(arrivals, learn_s, u)
         rec = cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0)

@@ -232,10 +232,11 @@ class AsyncAccount:
         self.learner_free = end
         self.published.append(end)  # kept whole: a dropped straggler may be any age
         assert len(self.published) == next_version - self.first_version + 1
-        dt, self.now = end - self.now, end
+        setup_s = self._setup.modeled_s if self._setup is not None else 0.0
         parts = {k: 0.0 for k in TIME_KEYS}
-        parts.update({"learn_s": float(learn_s), "wait_s": float(start - (end - dt) - (
-            self._setup.modeled_s if self._setup else 0.0))})
+        # the learner's wait for data since its last update (a cluster's start-up apart)
+        parts.update({"learn_s": float(learn_s), "wait_s": float(start - self.now - setup_s)})
+        dt, self.now = end - self.now, end
         cfg = self.cfg
         nodes = dt * cfg.cluster_nodes * cfg.cluster_node_hour_usd / 3600.0 if cfg.kind == "cluster" else 0.0
         parts["shard_usd"] = self.chunk_usd + nodes

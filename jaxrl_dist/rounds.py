@@ -174,15 +174,17 @@ def straggle(shards, b, seen) -> np.ndarray:
     return factors
 
 
-def moved_bytes(result, n: int, param_bytes: int) -> int:
-    """Bytes a round moved. A backend that moves none (local) is charged what a
+def charged_bytes(stats: dict, n: int, param_bytes: int, payload_bytes: int) -> int:
+    """Bytes `n` shards moved. A backend that moves none (local) is charged what a
     remote one would move uncompressed: the params to each shard, and each
-    shard's trajectory and bootstrap values back."""
-    moved = int(result.stats["bytes_sent"]) + int(result.stats["bytes_received"])
-    if moved:
-        return moved
+    shard's payload (trajectory and bootstrap values) back."""
+    return int(stats["bytes_sent"]) + int(stats["bytes_received"]) or n * (param_bytes + payload_bytes)
+
+
+def moved_bytes(result, n: int, param_bytes: int) -> int:
+    """`charged_bytes` of a round (its `[T, K, B]` outputs hold `K` shards' payloads)."""
     back = sum(x.nbytes for x in jax.tree.leaves((result.traj, result.bootstrap)))
-    return n * param_bytes + back * n // result.bootstrap.shape[0]
+    return charged_bytes(result.stats, n, param_bytes, back // result.bootstrap.shape[0])
 
 
 def cost_fields(rc, cold: int, modeled_now: float, usd: float, wall_s: float) -> dict:
@@ -292,11 +294,19 @@ class RoundTrainer:
 
     def _stop_reason(self, r: int, env_steps: int, records: list) -> Optional[str]:
         """Why the run stops before round `r` (0-based), or None to go on."""
-        run = self.cfg.run
+        return self._limit_reason(r, env_steps) or self._target_reason(records)
+
+    def _limit_reason(self, r: int, env_steps: int) -> Optional[str]:
+        """The step or round budget spent before round `r`, or None."""
         if env_steps >= self.cfg.algo.total_timesteps:
             return "total_timesteps"
-        if run.max_rounds is not None and r >= run.max_rounds:
+        if self.cfg.run.max_rounds is not None and r >= self.cfg.run.max_rounds:
             return "max_rounds"
+        return None
+
+    def _target_reason(self, records: list) -> Optional[str]:
+        """"target" when the last record reached it and `run.stop_at_target`, else None."""
+        run = self.cfg.run
         if run.stop_at_target and records and reached(records[-1], run.target_return):
             return "target"
         return None
