@@ -30,7 +30,12 @@ is 0 it is GAE exactly, so the staleness-0 case is the sync trainer.
 **Balance.** Every `async.balance_every` updates the trainer compares actor
 production capacity (active actors / mean seconds per chunk) with learner
 consumption capacity (`K` / mean seconds per update) and starts or stops one
-actor when they differ by more than `async.balance_tolerance`.
+actor when they differ by more than `async.balance_tolerance`. Capacities
+assume each actor adds production; where actors share CPUs with each other and
+the learner, one more can make less. So the trainer also measures the chunks/s
+the learner took at each actor count, and `balance` does not step to a count
+measured slower (it tries the other way instead): the count climbs to the
+fastest one measured (`learned_rate_by_actors` in summary.json).
 
 **Keys and resume.** An actor's `c`-th chunk on slot `s` uses the round
 trainer's key of round `c`, slot `s`; update `u` the learner key of round `u`.
@@ -132,18 +137,37 @@ class Gate:
 
 
 def balance(active: int, production: float, consumption: float, tolerance: float,
-            lo: int, hi: int) -> int:
+            lo: int, hi: int, rates: Optional[dict] = None) -> int:
     """Active actors for the next window: one fewer when production capacity
     (chunks/s) exceeds consumption capacity by more than `tolerance`, one more
-    when it falls short by more, clipped to `lo..hi`."""
+    when it falls short by more, clipped to `lo..hi`.
+
+    `rates` (actors -> chunks/s the learner took while that many ran) guards
+    the step: capacities assume actors add production independently, which is
+    false where they share CPUs (or an interpreter) with each other and the
+    learner. A level measured slower than this one is not stepped to; a
+    level not yet measured is tried unless the level behind this one was
+    faster; when the capacities' way is closed the other way is tried, so the
+    count climbs to the fastest level measured.
+    """
     if not (production > 0 and consumption > 0):
         return active
     ratio = production / consumption
-    if ratio > 1.0 + tolerance:
-        return max(lo, active - 1)
-    if ratio < 1.0 - tolerance:
-        return min(hi, active + 1)
-    return active
+    step = -1 if ratio > 1.0 + tolerance else 1 if ratio < 1.0 - tolerance else 0
+    if step == 0 or not rates or active not in rates:
+        return min(hi, max(lo, active + step))
+    here = rates[active]
+
+    def worth(n: int, came_from: int) -> bool:
+        if not lo <= n <= hi:
+            return False
+        if n in rates:
+            return rates[n] > here
+        return not (came_from in rates and rates[came_from] > here)
+
+    if worth(active + step, active - step):
+        return active + step
+    return active - step if worth(active - step, active + step) else active
 
 
 class AsyncTrainer(RoundTrainer):
@@ -357,6 +381,9 @@ class AsyncTrainer(RoundTrainer):
                 self.gate.publish(train.params, version)
                 self._take(chunks + dropped)
                 self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
+                self._learned += len(chunks)
+                if self._level_start is None:  # windows start after the first update: no start-up
+                    self._level_start = (time.perf_counter(), self._learned)
                 rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
                 env_steps = rec["env_steps"]
                 so_far.append(rec)
@@ -388,6 +415,8 @@ class AsyncTrainer(RoundTrainer):
         self.staleness = Counter()
         self._window = {"chunk_s": deque(maxlen=64), "update_s": deque(maxlen=self.cfg.asynchronous.balance_every)}
         self._last_update_t = time.perf_counter()
+        # learned chunks/s per actor count, and where the current level's window began
+        self._rates, self._learned, self._level_start = {}, 0, None
         self.dropped_total = 0
         self._done = queue.Queue()  # updates for the bookkeeping thread
         self._late_stop, self._books_error = None, None
@@ -474,12 +503,18 @@ class AsyncTrainer(RoundTrainer):
     def _rebalance(self) -> None:
         a = self.cfg.asynchronous
         chunk_s, update_s = self._window["chunk_s"], self._window["update_s"]
-        if not chunk_s or not update_s:
+        if not chunk_s or not update_s or self._level_start is None:
             return
         production = self.active / float(np.mean(chunk_s))
         consumption = a.batch_chunks / float(np.mean(update_s))
+        now, (t0, learned0) = time.perf_counter(), self._level_start
+        rate = (self._learned - learned0) / max(now - t0, 1e-9)
+        old = self._rates.get(self.active)
+        self._rates[self.active] = rate if old is None else 0.5 * (old + rate)
         top = a.max_actors if a.max_actors is not None else self.cfg.backend.max_shards
-        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors, top)
+        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors, top,
+                      self._rates)
+        self._level_start = (now, self._learned)
         if new != self.active:
             self.active = new
             self._set_active(new)
@@ -502,7 +537,10 @@ class AsyncTrainer(RoundTrainer):
                 "max_staleness": self.cfg.asynchronous.max_staleness,
                 "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
                 "staleness_mean": (sum(k * v for k, v in self.staleness.items()) / total) if total else None,
-                "dropped_chunks": self.dropped_total, "actors_active_final": self.active}
+                "dropped_chunks": self.dropped_total, "actors_active_final": self.active,
+                # env steps/s learned while n actors ran (the balancer's measurements)
+                "learned_rate_by_actors": {str(n): r * self.learner.steps_per_shard
+                                           for n, r in sorted(getattr(self, "_rates", {}).items())}}
 
 
 def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:

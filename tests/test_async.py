@@ -139,6 +139,21 @@ def test_balance_starts_and_stops_one_actor_at_a_time():
     assert b(4, 0.0, 10.0, 0.2, 1, 8) == 4  # nothing measured yet
 
 
+def test_balance_does_not_step_to_a_level_measured_slower():
+    """Actors sharing CPUs: more of them can make less. Learned chunks/s measured
+    per actor count steer the step the capacities ask for."""
+    b = asynchronous.balance
+    short = (5.0, 10.0, 0.2, 1, 8)  # production short of consumption: the capacities ask for one more
+    assert b(4, *short, {4: 100.0}) == 5  # 5 not measured yet: try it
+    assert b(5, *short, {4: 100.0, 5: 80.0}) == 4  # 5 was slower than 4: back, not on to 6
+    assert b(4, *short, {4: 100.0, 5: 80.0}) == 3  # the way up is closed: try the other way
+    assert b(3, *short, {3: 120.0, 4: 100.0, 5: 80.0}) == 2  # and on down while it is faster
+    assert b(2, *short, {1: 90.0, 2: 130.0, 3: 120.0}) == 2  # both neighbours slower: stay
+    assert b(5, *short, {4: 100.0, 5: 110.0}) == 6  # faster than the level behind: go on
+    assert b(4, 10.0, 10.0, 0.2, 1, 8, {4: 1.0, 5: 9.0}) == 4  # balanced: no step at all
+    assert b(8, *short[:-1], 8, {8: 100.0, 7: 120.0}) == 7  # at the top, the way back
+
+
 def test_async_modeled_clock_by_hand():
     """Two actors, one update of two chunks, warm instances: the update starts when
     the later chunk arrives, and the next version is published when it ends."""
