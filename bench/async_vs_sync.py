@@ -21,7 +21,7 @@ instances, their measured compute times), staleness (mean and max of learned chu
 the mean number of active actors; mean and std over seeds, and the ratios
 async/sync of the same task and setting.
 
-    python bench/async_vs_sync.py                          # CartPole-v1 and Pong-v5 (short), 3 seeds
+    python bench/async_vs_sync.py                          # CartPole-v1 (gymnax, envpool), Pong-v5 (short), 3 seeds
     python bench/async_vs_sync.py --tasks cartpole --seeds 1
 
 Writes `bench/results/async_vs_sync.{json,md}` and `bench/results/async_vs_sync.png`.
@@ -57,6 +57,11 @@ TASKS = {
     "cartpole": {"overrides": ["env=cartpole", "run.target_return=475", "run.stop_at_target=true",
                                "algo.total_timesteps=400000"],
                  "budget": "to 475, at most 4e5 steps"},
+    # the same task on envpool's C++ CartPole: a shard steps its envs through XLA
+    # custom calls, several times the rollout cost of gymnax's, so actors matter
+    "cartpole_envpool": {"overrides": ["env=cartpole", "env.suite=envpool", "run.target_return=475",
+                                       "run.stop_at_target=true", "algo.total_timesteps=400000"],
+                         "budget": "to 475, at most 4e5 steps"},
     # short: 12 updates of 4 shards x 4 envs x 32 steps; throughput and staleness only
     "pong": {"overrides": ["env=pong", "backend.envs_per_shard=4", "algo.num_steps=32",
                            "algo.num_minibatches=4", "algo.total_timesteps=6144"],
@@ -150,7 +155,7 @@ def plot(runs: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tasks", default="cartpole,pong")
+    p.add_argument("--tasks", default="cartpole,cartpole_envpool,pong")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--seeds", type=int, default=3)
