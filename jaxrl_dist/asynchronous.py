@@ -303,19 +303,19 @@ class AsyncTrainer(RoundTrainer):
     def _learn(self, train, chunks: list, version: int):
         outputs = [(c.output.traj, c.output.bootstrap) for c in chunks]
         lag = np.array([version - c.version for c in chunks], np.int32)
-        stale = bool(lag.any())
-        self._warm[stale].join()
+        self._warm.join()
         args = (train, outputs, np.int32(self.cfg.seed), np.int32(version))
-        if stale:
+        if self.cfg.asynchronous.max_staleness:
             train, metrics = self._learn_chunks(*args, lag)
         else:  # exactly the round trainer's update
             train, metrics = self._learn_chunks(*args)
         return train, metrics, lag  # dispatched: bookkeeping waits for the metrics
 
-    def _warm_learner(self, train) -> dict:
-        """Compile the update on zeros while the actors start: `{stale: thread}` for
-        the on-policy variant and (with `max_staleness` > 0) the corrected one, which
-        would otherwise first compile mid-run."""
+    def _warm_learner(self, train) -> threading.Thread:
+        """Compile the update on zeros while the actors start. With `max_staleness` > 0
+        every update takes the corrected variant: a chunk with lag 0 gets weights of
+        exactly 1 and its own values there, so it is GAE, and one program compiles
+        at start-up instead of two."""
         from jaxrl_dist import wire
 
         self._learn_chunks = self._learn_fn()
@@ -324,13 +324,11 @@ class AsyncTrainer(RoundTrainer):
         K = self.cfg.asynchronous.batch_chunks
         args = (train, [(jax.tree.map(zeros, out.traj), zeros(out.bootstrap))] * K,
                 np.int32(0), np.int32(0))
-        threads = {False: threading.Thread(target=self._learn_chunks, args=args, daemon=True)}
         if self.cfg.asynchronous.max_staleness:
-            threads[True] = threading.Thread(target=self._learn_chunks, daemon=True,
-                                             args=args + (np.ones((K,), np.int32),))
-        for t in threads.values():
-            t.start()
-        return threads
+            args += (np.zeros((K,), np.int32),)
+        thread = threading.Thread(target=self._learn_chunks, args=args, daemon=True)
+        thread.start()
+        return thread
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         """Learn update after update until `algo.total_timesteps` or a `run.*` stop
