@@ -218,7 +218,7 @@ class AsyncTrainer(RoundTrainer):
                 t0 = time.perf_counter()
                 keys, _ = round_keys(seed, index, [slot])
                 out, info, stats = run_shard(self.backend, index, params, ShardTask(slot, keys[0]), state)
-                factor = float(straggle([info], b, self._produced)[0])
+                factor = float(straggle([info], b, self._produced, index)[0])
                 state = out.actor
                 chunk = Chunk(slot, index, version, out, info, stats, factor, time.perf_counter() - t0)
                 ticket = self._deliver(chunk)

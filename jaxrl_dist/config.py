@@ -90,7 +90,8 @@ class BackendConfig:
     urls: tuple = ()  # http: function endpoints
     token: Optional[str] = None  # http: bearer token; null reads $JAXRL_DIST_TOKEN
     compression: str = "deflate"  # http: deflate | none
-    # injected stragglers (benchmarks): every `slow_every`-th slot runs `slowdown` times slower
+    # injected stragglers (benchmarks): one shard in `slow_every` runs `slowdown` times slower
+    # (see `rounds.straggle`)
     slowdown: float = 1.0
     slow_every: int = 4
 

@@ -157,16 +157,21 @@ def shard_seconds(shards) -> list:
     return [(s.timings.finished - s.timings.started) / count[span(s)] for s in shards]
 
 
-def straggle(shards, b, seen) -> np.ndarray:
-    """Injected stragglers (`backend.slowdown`, benchmarks): a shard on every
-    `backend.slow_every`-th slot takes `slowdown` times as long, as if its machine
-    were that much slower. Waits until the slowest such shard would have finished;
+def straggle(shards, b, seen, index: int) -> np.ndarray:
+    """Injected stragglers (`backend.slowdown`, benchmarks): one shard in every
+    `backend.slow_every` takes `slowdown` times as long, the one of slot `s` and
+    index `index` (the round, or the async actor's chunk) with
+    `(s + index) % slow_every == slow_every - 1`: a round of `slow_every` shards
+    has one, on a slot that moves round by round, and any number of async
+    actors meets them at the same rate, so none can keep clear of them by its
+    choice of slots. Waits until the slowest such shard would have finished;
     returns each shard's factor, which stretches its billed compute too. A slot's
     first shard in this process (`seen`: the slots that ran before) is not slowed:
     its time is mostly the rollout's compile, which would make the straggler a
     start-up effect."""
-    factors = np.array([b.slowdown if s.slot % b.slow_every == b.slow_every - 1 and s.slot in seen
-                        else 1.0 for s in shards])
+    k = b.slow_every
+    factors = np.array([b.slowdown if (s.slot + index) % k == k - 1 and s.slot in seen else 1.0
+                        for s in shards])
     ends = [s.timings.finished + (f - 1.0) * (s.timings.finished - s.timings.started)
             for s, f in zip(shards, factors) if f > 1.0]
     if ends:
@@ -371,7 +376,7 @@ class RoundTrainer:
         t0 = time.perf_counter()
         keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
         result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
-        slow = straggle(result.shards, cfg.backend, seen)
+        slow = straggle(result.shards, cfg.backend, seen, r)
         warm.join()
         t1 = time.perf_counter()
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)

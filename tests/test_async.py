@@ -154,6 +154,29 @@ def test_balance_does_not_step_to_a_level_measured_slower():
     assert b(8, *short[:-1], 8, {8: 100.0, 7: 120.0}) == 7  # at the top, the way back
 
 
+def test_stragglers_are_one_shard_in_k_whatever_the_slots():
+    """`backend.slowdown`: one shard in `slow_every`, on a slot that moves round by
+    round, so a sync round of K has one and any set of async actors meets them
+    at the same rate; a slot's first shard in the process is not slowed."""
+    import time
+
+    from jaxrl_dist import rounds
+    from jaxrl_dist.backends import ShardInfo
+    from jaxrl_dist.config import BackendConfig
+    from jaxrl_dist.shard import Timings
+
+    b, now = BackendConfig(slowdown=3.0, slow_every=4), time.time()
+    shards = [ShardInfo(s, Timings(now, now, now, 0.0), False, 0, "local") for s in range(4)]
+    seen = {0, 1, 2, 3}
+    for r in range(8):  # a round of 4: one slowed, slot 3, then 2, 1, 0, 3, ...
+        f = rounds.straggle(shards, b, seen, r)
+        assert list(f).count(3.0) == 1 and f[(3 - r) % 4] == 3.0
+    assert (rounds.straggle(shards, b, set(), 1) == 1.0).all()  # first shards: compile, not slowed
+    for slots in ([0], [0, 1], [2, 3, 5]):  # async: chunks 0..7 of each slot
+        f = [rounds.straggle([shards[0]._replace(slot=s)], b, {s}, c)[0] for s in slots for c in range(8)]
+        assert f.count(3.0) == 2 * len(slots)
+
+
 def test_async_modeled_clock_by_hand():
     """Two actors, one update of two chunks, warm instances: the update starts when
     the later chunk arrives, and the next version is published when it ends."""
