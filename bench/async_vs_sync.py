@@ -171,13 +171,13 @@ def main() -> None:
         for mode in args.modes.split(","):  # untimed: fills the persistent compile cache
             run_one(task, mode, "homogeneous", 99, root / "warm", ["run.max_rounds=3", "run.stop_at_target=false"])
         for setting in args.settings.split(","):
-            for mode in args.modes.split(","):
-                key = (task, setting, mode)
-                runs[key] = []
-                for seed in range(args.seeds):
+            # modes interleaved seed by seed: a slow spell of the machine hits every mode alike
+            for seed in range(args.seeds):
+                for mode in args.modes.split(","):
+                    key = (task, setting, mode)
                     t0 = time.perf_counter()
                     r = run_one(task, mode, setting, seed, root)
-                    runs[key].append(r)
+                    runs.setdefault(key, []).append(r)
                     print(f"{task} {setting} {mode} seed {seed}: {fmt(r['sps'])} steps/s, "
                           f"to target {fmt(r['wall_to_target_s'])} s, return {fmt(r['final_return'])}, "
                           f"staleness {fmt(r['staleness_mean'])}/{r['staleness_max']}, "
