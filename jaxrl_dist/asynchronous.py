@@ -400,8 +400,10 @@ class AsyncTrainer(RoundTrainer):
         """Clocks, cost account, queues and the per-run statistics."""
         last = history[-1] if history else {}
         M = self.cfg.backend.max_shards
+        first, top = self._actor_range()
         self.account = AsyncAccount(self.cfg.cost, M, int(self.state.round),
-                                    last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0))
+                                    last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0),
+                                    prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
         self._wall0 = (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
         self._param_bytes = sum(x.nbytes for x in jax.tree.leaves(self.state.train.params))
         self._queue, self._lock, self._threads = queue.Queue(), threading.Lock(), {}
@@ -419,10 +421,16 @@ class AsyncTrainer(RoundTrainer):
         self._done = queue.Queue()  # updates for the bookkeeping thread
         self._late_stop, self._books_error = None, None
 
+    def _actor_range(self) -> tuple:
+        """`(actors at the start, most the balancer may run)`."""
+        a = self.cfg.asynchronous
+        return (a.actors if a.actors is not None else a.batch_chunks,
+                a.max_actors if a.max_actors is not None else self.cfg.backend.max_shards)
+
     def _actors_on(self, train, version: int) -> None:
         a = self.cfg.asynchronous
         self.gate = Gate(a.batch_chunks, a.max_staleness, version, train.params)
-        self.active = a.actors if a.actors is not None else a.batch_chunks
+        self.active = self._actor_range()[0]
         self._set_active(self.active)
 
     def _join_actors(self) -> None:
@@ -509,9 +517,8 @@ class AsyncTrainer(RoundTrainer):
         rate = (self._learned - learned0) / max(now - t0, 1e-9)
         old = self._rates.get(self.active)
         self._rates[self.active] = rate if old is None else 0.5 * (old + rate)
-        top = a.max_actors if a.max_actors is not None else self.cfg.backend.max_shards
-        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors, top,
-                      self._rates)
+        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors,
+                      self._actor_range()[1], self._rates)
         self._level_start = (now, self._learned)
         if new != self.active:
             self.active = new

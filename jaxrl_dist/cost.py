@@ -200,9 +200,18 @@ class AsyncAccount:
     shard; a cluster bills its nodes for the modeled time; the learner's
     machine is billed for the modeled time. A cluster's start-up is billed
     with this process's first update, as in `CostAccount`.
+
+    `prewarm`: slots whose serverless instances are started at the run's start
+    by an empty invocation (billed with the first update), warm by the time
+    their actor runs: the ones the balancer may start mid-run. Without it a
+    started actor's cold start would hold up the update that learns from its
+    first chunk; the async trainer cannot see that (its actors start at no
+    cost), so the replay would charge a wait that a serverless deployment of
+    it avoids by warming the instances it may use.
     """
 
-    def __init__(self, cfg, max_shards: int, version: int, modeled_s: float = 0.0, usd: float = 0.0):
+    def __init__(self, cfg, max_shards: int, version: int, modeled_s: float = 0.0, usd: float = 0.0,
+                 prewarm=()):
         self.cfg, self.usd, self.now = cfg, float(usd), float(modeled_s)
         self._setup = setup_cost(cfg)
         start = self.now + self._setup.modeled_s
@@ -211,6 +220,8 @@ class AsyncAccount:
         self.first_version, self.published = version, [start]  # when each version was published
         self.learner_free = start
         self.chunk_usd = 0.0  # chunks billed since the last update
+        for slot in prewarm if cfg.kind == "serverless" else ():
+            self.chunk(slot, version, 0.0, 0.0)
 
     def chunk(self, slot: int, version: int, shard_s: float, bytes_moved: float) -> float:
         """Bill one chunk of `slot` made with params `version`; returns its modeled arrival."""

@@ -197,6 +197,22 @@ def test_async_modeled_clock_by_hand():
     assert acct.chunk(0, 1, 1.0, 100) == pytest.approx(11.5)
 
 
+def test_async_clock_prewarms_the_instances_the_balancer_may_start():
+    """A slot in `prewarm` had its instance started by an empty invocation at the
+    run's start (billed: its start), so its first chunk runs warm once that is up."""
+    cfg = CostConfig(name="t", kind="serverless", vcpu_second_usd=1.0, gb_second_usd=0.0,
+                     vcpus_per_shard=1.0, billing_granularity_s=0.0, cold_start_s=5.0,
+                     warm_start_s=0.0, invoke_s=0.5, keep_warm_s=1e9, transfer_bytes_per_s=100.0,
+                     learner_hour_usd=0.0)
+    acct = cost.AsyncAccount(cfg, 4, version=0, prewarm=[2])
+    # up at .5 + 5 = 5.5; the chunk: invoke .5, warm, compute 1, 100 B at 100 B/s -> 8.0
+    assert acct.chunk(2, 0, 1.0, 100) == pytest.approx(8.0)
+    rc = acct.update([8.0], 0.5, 1)
+    assert rc.components["shard_usd"] == pytest.approx(5.0 + 1.0)  # the warming's start, the compute
+    cluster = CostConfig(name="c", kind="cluster", cluster_nodes=1, cluster_node_hour_usd=3600.0)
+    assert cost.AsyncAccount(cluster, 4, version=0, prewarm=[2]).chunk_usd == 0.0  # nothing to warm
+
+
 @pytest.mark.parametrize("override, word", [
     ({"backend": {"name": "fused"}}, "trainer=async needs a shard backend"),
     ({"async": {"max_staleness": -1}}, "async.max_staleness"),
