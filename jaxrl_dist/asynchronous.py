@@ -490,17 +490,20 @@ class AsyncTrainer(RoundTrainer):
                     "chunks": [[c.slot, c.index, c.version] for c in taken],
                     "episode_return_sum": [float(metrics["episode_return_sum"])],
                     "episodes": [float(metrics["episodes"])]})
-        rec.update(self._charge(u, taken, times["learn"]))
+        rec.update(self._charge(u, chunks, dropped, times["learn"]))
         return rec
 
-    def _charge(self, u: int, taken: list, learn_s: float) -> dict:
-        """Bill the chunks taken and the update on the async modeled clock."""
+    def _charge(self, u: int, chunks: list, dropped: list, learn_s: float) -> dict:
+        """Bill the chunks taken and the update on the async modeled clock. Dropped
+        chunks are billed but do not hold the update up: the learner discards a
+        late chunk whenever it comes."""
         arrivals = []
-        for c in taken:
+        for c in chunks + dropped:
             seconds = shard_seconds([c.info])[0] * c.factor
             payload = sum(x.nbytes for x in jax.tree.leaves((c.output.traj, c.output.bootstrap)))
             moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
             arrivals.append(self.account.chunk(c.slot, c.version, seconds, moved))
+        arrivals = arrivals[:len(chunks)]
         rc = self.account.update(arrivals, learn_s, u)
         rec = cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0)
         rec["modeled_wait_s"] = rc.components["wait_s"]

@@ -154,6 +154,33 @@ def test_balance_does_not_step_to_a_level_measured_slower():
     assert b(8, *short[:-1], 8, {8: 100.0, 7: 120.0}) == 7  # at the top, the way back
 
 
+def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
+    """The replay bills a dropped straggler's compute, but the learner discards a late
+    chunk whenever it comes: the update waits only for the chunks it learned from."""
+    import time
+    from types import SimpleNamespace
+
+    from jaxrl_dist.backends import ShardInfo
+    from jaxrl_dist.shard import ShardOutput, Timings
+
+    cfg = CostConfig(name="t", kind="serverless", vcpu_second_usd=1.0, gb_second_usd=0.0,
+                     vcpus_per_shard=1.0, billing_granularity_s=0.0, cold_start_s=0.0,
+                     warm_start_s=0.0, invoke_s=0.0, keep_warm_s=1e9, transfer_bytes_per_s=1e12,
+                     learner_hour_usd=0.0)
+    out = ShardOutput(np.zeros((2,), np.float32), None, np.zeros((1,), np.float32))
+    stats = {"bytes_sent": 1, "bytes_received": 1}
+
+    def chunk(slot, seconds):
+        info = ShardInfo(slot, Timings(0.0, 0.0, seconds, seconds), False, 0, "local")
+        return asynchronous.Chunk(slot, 0, 0, out, info, stats, 1.0, seconds)
+
+    me = SimpleNamespace(account=cost.AsyncAccount(cfg, 4, version=0), _param_bytes=0,
+                         _wall0=time.perf_counter())
+    rec = asynchronous.AsyncTrainer._charge(me, 1, [chunk(0, 1.0)], [chunk(1, 30.0)], 0.5)
+    assert rec["cum_modeled_s"] == pytest.approx(1.5)  # the 1 s chunk, then the update
+    assert rec["shard_usd"] == pytest.approx(31.0)  # both chunks' compute
+
+
 def test_stragglers_are_one_shard_in_k_whatever_the_slots():
     """`backend.slowdown`: one shard in `slow_every`, on a slot that moves round by
     round, so a sync round of K has one and any set of async actors meets them
