@@ -49,6 +49,7 @@ the last checkpoint on disk.
 from __future__ import annotations
 
 import heapq
+import os
 import queue
 import threading
 import time
@@ -422,10 +423,18 @@ class AsyncTrainer(RoundTrainer):
         self._late_stop, self._books_error = None, None
 
     def _actor_range(self) -> tuple:
-        """`(actors at the start, most the balancer may run)`."""
-        a = self.cfg.asynchronous
-        return (a.actors if a.actors is not None else a.batch_chunks,
-                a.max_actors if a.max_actors is not None else self.cfg.backend.max_shards)
+        """`(actors at the start, most the balancer may run)`. Unset, the start is `K`,
+        or on the local backend (with staleness allowed) at most one actor a core:
+        there actors are threads on this machine's cores, more of them compete with
+        each other and the learner, and the balancer adds more if production falls short."""
+        a, b = self.cfg.asynchronous, self.cfg.backend
+        top = a.max_actors if a.max_actors is not None else b.max_shards
+        first = a.actors
+        if first is None:
+            first = a.batch_chunks
+            if b.name == "local" and a.max_staleness > 0:
+                first = max(a.min_actors, min(first, os.cpu_count() or 1))
+        return first, top
 
     def _actors_on(self, train, version: int) -> None:
         a = self.cfg.asynchronous

@@ -161,7 +161,7 @@ class AsyncConfig:
 
     max_staleness: int = 1  # params versions a learned-from chunk may lag the learner by
     batch_chunks: int = 4  # chunks (one shard's rollout each) per learner update
-    actors: Optional[int] = None  # actors running at the start; null: batch_chunks
+    actors: Optional[int] = None  # actors at the start; null: batch_chunks (local, staleness > 0: <= one a core)
     min_actors: int = 1  # the balancer's range of active actors ...
     max_actors: Optional[int] = None  # ... null: backend.max_shards
     balance: bool = True  # adapt the active actors to the learner's consumption

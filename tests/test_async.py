@@ -139,6 +139,21 @@ def test_balance_starts_and_stops_one_actor_at_a_time():
     assert b(4, 0.0, 10.0, 0.2, 1, 8) == 4  # nothing measured yet
 
 
+def test_actors_at_the_start_default_to_one_a_core_on_the_local_backend():
+    import os
+    from types import SimpleNamespace
+
+    def start(backend="local", **async_):
+        cfg = from_dict({"trainer": "async", "backend": {"name": backend, "urls": ["http://127.0.0.1:1"]},
+                         "async": {"batch_chunks": 8, **async_}})
+        return asynchronous.AsyncTrainer._actor_range(SimpleNamespace(cfg=cfg))
+
+    assert start(max_staleness=1) == (min(8, os.cpu_count() or 1), 32)  # threads share the cores
+    assert start(max_staleness=0) == (8, 32)  # staleness 0: K actors, the sync trainer's slots
+    assert start("http", max_staleness=1) == (8, 32)  # actors elsewhere
+    assert start(max_staleness=1, actors=3, max_actors=6) == (3, 6)  # as set
+
+
 def test_balance_does_not_step_to_a_level_measured_slower():
     """Actors sharing CPUs: more of them can make less. Learned chunks/s measured
     per actor count steer the step the capacities ask for."""
