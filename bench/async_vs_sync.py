@@ -61,9 +61,11 @@ TASKS = {
     "cartpole": {"overrides": ["env=cartpole", "run.target_return=475", "algo.total_timesteps=300000"],
                  "budget": "3e5 steps (146 updates), target 475"},
     # the same task on envpool's C++ CartPole: a shard steps its envs through XLA
-    # custom calls, several times the rollout cost of gymnax's, so actors matter
-    "cartpole_envpool": {"overrides": ["env=cartpole", "env.suite=envpool", "run.target_return=475",
-                                       "algo.total_timesteps=300000"],
+    # custom calls, several times the rollout cost of gymnax's, so actors matter;
+    # one envpool thread a pool (envpool's own choice, 2 here, was 20% slower in both
+    # trainers: the pools' threads contend for 2 cores)
+    "cartpole_envpool": {"overrides": ["env=cartpole", "env.suite=envpool", "env.num_threads=1",
+                                       "run.target_return=475", "algo.total_timesteps=300000"],
                          "budget": "3e5 steps (146 updates), target 475"},
     # short: 12 updates of 4 shards x 4 envs x 32 steps; throughput and staleness only
     "pong": {"overrides": ["env=pong", "backend.envs_per_shard=4", "algo.num_steps=32",

@@ -59,6 +59,7 @@ class ShardSpec:
     clip_obs: float
     clip_reward: float
     env_kwargs: str = "{}"  # JSON, so the spec stays hashable
+    num_threads: int = 0  # envpool worker threads per slot's pool; 0 lets envpool choose
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -73,14 +74,14 @@ class ShardSpec:
         kinds = {"env_id": str, "suite": str, "num_envs": int, "num_steps": int, "network": str,
                  "hidden_sizes": (list, tuple), "activation": str, "normalize_obs": bool,
                  "normalize_reward": bool, "gamma": float, "clip_obs": float,
-                 "clip_reward": float, "env_kwargs": str}
+                 "clip_reward": float, "env_kwargs": str, "num_threads": int}
         unknown = set(data) - set(kinds)
         if unknown:
             raise ShardError(f"spec.{sorted(unknown)[0]}: unknown field")
         values = {}
         for name, kind in kinds.items():
             if name not in data:
-                if name == "env_kwargs":
+                if name in ("env_kwargs", "num_threads"):  # optional: the defaults
                     continue
                 raise ShardError(f"spec.{name}: missing")
             values[name] = _checked(data[name], kind, f"spec.{name}")
@@ -94,6 +95,8 @@ class ShardSpec:
             raise ShardError(f"spec.num_envs must be in 1..4096, got {self.num_envs}")
         if not 0 < self.num_steps <= 4096:
             raise ShardError(f"spec.num_steps must be in 1..4096, got {self.num_steps}")
+        if not 0 <= self.num_threads <= 64:
+            raise ShardError(f"spec.num_threads must be in 0..64, got {self.num_threads}")
         if self.suite not in ("gymnax", "envpool"):
             raise ShardError(f"spec.suite must be gymnax or envpool, got {self.suite!r}")
         if not self.hidden_sizes or any(not 0 < h <= 4096 for h in self.hidden_sizes):
@@ -119,7 +122,7 @@ def spec_from_config(cfg: Config, suite: str, continuous: bool) -> ShardSpec:
     return ShardSpec(cfg.env.id, suite, cfg.backend.envs_per_shard, a.num_steps, a.network,
                      tuple(a.hidden_sizes), a.activation, d.normalize_obs, d.normalize_reward,
                      a.gamma, cfg.env.clip_obs, cfg.env.clip_reward,
-                     json.dumps(cfg.env.kwargs, sort_keys=True))
+                     json.dumps(cfg.env.kwargs, sort_keys=True), cfg.env.num_threads)
 
 
 def learn_key(seed, round_):
@@ -175,7 +178,7 @@ class ShardProgram:
         from jaxrl_dist.envs import make_env
 
         self.spec = spec
-        self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, 0,
+        self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
                             json.loads(spec.env_kwargs))
         self.network = make_network(self.env.spec, spec.network, spec.hidden_sizes, spec.activation)
         self._stacked = {}

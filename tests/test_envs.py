@@ -280,6 +280,19 @@ def test_envpool_cartpole_matches_numpy_api():
     np.testing.assert_array_equal(outs.reward[reset_steps], 0.0)
 
 
+def test_shard_programs_take_env_num_threads():
+    """`env.num_threads` reaches each slot's envpool pool (it was dropped on the way,
+    leaving envpool's own choice, slower for small pools on 2 cores)."""
+    pytest.importorskip("envpool")
+    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.shard import ShardProgram, ShardSpec, spec_from_config
+
+    spec = spec_from_config(load_config(["env=cartpole", "env.suite=envpool", "env.num_threads=1"]),
+                            "envpool", False)
+    assert ShardSpec.from_dict(spec.to_dict()) == spec and spec.num_threads == 1
+    assert ShardProgram(spec).env.pool.config["num_threads"] == 1
+
+
 def test_envpool_truncation_is_separate():
     # alternating actions keep CartPole up; a 10-step limit truncates it
     actions = np.tile(np.asarray([[0], [1]], np.int32), (12, 3))

@@ -127,7 +127,10 @@ def test_bad_fields_and_disallowed_envs_are_422(server):
     data["spec"]["num_envs"] = "four"
     resp = post(server, serialization.msgpack_serialize(data))
     assert resp.status_code == 422 and "spec.num_envs" in resp.json()["error"]
-    data["spec"]["num_envs"], data["spec"]["env_id"] = 4, "Acrobot-v1"
+    data["spec"]["num_envs"], data["spec"]["num_threads"] = 4, 10_000  # a worker's threads are capped
+    resp = post(server, serialization.msgpack_serialize(data))
+    assert resp.status_code == 422 and "spec.num_threads" in resp.json()["error"]
+    data["spec"]["num_threads"], data["spec"]["env_id"] = 1, "Acrobot-v1"
     resp = post(server, serialization.msgpack_serialize(data))
     assert resp.status_code == 422 and "allowed_envs" in resp.json()["error"]
     del data["key"]
