@@ -116,8 +116,9 @@ def stats(values: list) -> dict:
             "std": statistics.stdev(xs) if len(xs) > 1 else 0.0 if xs else None, "n": len(xs)}
 
 
-METRICS = ("sps", "wall_to_target_s", "train_to_target_s", "modeled_sps", "time_to_target_s", "final_return", "staleness_mean", "staleness_max", "dropped",
-           "actors_mean", "updates", "learn_ms")
+METRICS = ("sps", "wall_to_target_s", "train_to_target_s", "modeled_sps", "time_to_target_s",
+           "final_return", "staleness_mean", "staleness_max", "dropped", "actors_mean", "updates",
+           "learn_ms")
 
 
 def ratios(agg: dict) -> dict:

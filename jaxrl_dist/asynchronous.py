@@ -506,17 +506,20 @@ class AsyncTrainer(RoundTrainer):
         """Bill the chunks taken and the update on the async modeled clock. Dropped
         chunks are billed but do not hold the update up: the learner discards a
         late chunk whenever it comes."""
-        arrivals = []
-        for c in chunks + dropped:
-            seconds = shard_seconds([c.info])[0] * c.factor
-            payload = sum(x.nbytes for x in jax.tree.leaves((c.output.traj, c.output.bootstrap)))
-            moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
-            arrivals.append(self.account.chunk(c.slot, c.version, seconds, moved))
-        arrivals = arrivals[:len(chunks)]
+        arrivals = [self._bill(c) for c in chunks]
+        for c in dropped:
+            self._bill(c)
         rc = self.account.update(arrivals, learn_s, u)
         rec = cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0)
         rec["modeled_wait_s"] = rc.components["wait_s"]
         return rec
+
+    def _bill(self, c: Chunk) -> float:
+        """Bill one chunk on the modeled clock; returns its modeled arrival."""
+        seconds = shard_seconds([c.info])[0] * c.factor
+        payload = sum(x.nbytes for x in jax.tree.leaves((c.output.traj, c.output.bootstrap)))
+        moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
+        return self.account.chunk(c.slot, c.version, seconds, moved)
 
     def _rebalance(self) -> None:
         a = self.cfg.asynchronous

@@ -191,6 +191,7 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
 
     me = SimpleNamespace(account=cost.AsyncAccount(cfg, 4, version=0), _param_bytes=0,
                          _wall0=time.perf_counter())
+    me._bill = lambda c: asynchronous.AsyncTrainer._bill(me, c)
     rec = asynchronous.AsyncTrainer._charge(me, 1, [chunk(0, 1.0)], [chunk(1, 30.0)], 0.5)
     assert rec["cum_modeled_s"] == pytest.approx(1.5)  # the 1 s chunk, then the update
     assert rec["shard_usd"] == pytest.approx(31.0)  # both chunks' compute
