@@ -86,7 +86,7 @@ def throughput(records: list, clock: str = "time") -> float | None:
 
 def run_one(task: str, mode: str, setting: str, seed: int, root: Path, extra=()) -> dict:
     from jaxrl_dist.cli import load_config
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     run_dir = root / task / setting / mode / f"seed{seed}"
     cfg = load_config(COMMON + TASKS[task]["overrides"] + MODES[mode] + SETTINGS[setting]

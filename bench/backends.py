@@ -35,12 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt, machine_info, markdown_table, measure, print_table, write_json  # noqa: E402
 
-import jax  # noqa: E402
 
-from jaxrl_dist import fused  # noqa: E402
+from jaxrl_dist.trainers import fused  # noqa: E402
 from jaxrl_dist.cli import load_config  # noqa: E402
 from jaxrl_dist.envs import make_env  # noqa: E402
-from jaxrl_dist.rounds import RoundTrainer  # noqa: E402
+from jaxrl_dist.trainers.sync import RoundTrainer  # noqa: E402
 from jaxrl_dist.serve import LocalServer  # noqa: E402
 
 TOKEN = "bench-token"

@@ -30,13 +30,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt, machine_info, markdown_table, measure, print_table, write_json  # noqa: E402
 
-from jaxrl_dist import fused  # noqa: E402
+from jaxrl_dist.trainers import fused  # noqa: E402
 from jaxrl_dist.config import AlgoConfig, Config, EnvConfig  # noqa: E402
 from jaxrl_dist.envs import make_env  # noqa: E402
-from jaxrl_dist.rollout import make_rollout  # noqa: E402
+from jaxrl_dist.core.rollout import make_rollout  # noqa: E402
 
 try:  # the trainers' key implementation, so the timed code draws randomness the same way
-    from jaxrl_dist.rng import key as make_key  # noqa: E402
+    from jaxrl_dist.core.rng import key as make_key  # noqa: E402
 except ImportError:
     make_key = jax.random.key
 

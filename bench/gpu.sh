@@ -70,7 +70,7 @@ sys.exit(0 if backend == "gpu" else 1)' || [[ -n $GPU_BENCH_ALLOW_CPU ]] || { lo
 check 120 python3 -c '
 from importlib.metadata import version
 import envpool, gymnax, hydra, omegaconf, tensorboardX
-import jaxrl_dist, jaxrl_dist.fused, jaxrl_dist.envs
+import jaxrl_dist, jaxrl_dist.trainers.fused, jaxrl_dist.envs
 print(*(f"{p} {version(p)}" for p in ("envpool", "gymnax", "gymnasium", "hydra-core", "omegaconf",
                                        "tensorboardX", "flax", "optax", "numpy")), sep=", ")
 print("jaxrl_dist from", jaxrl_dist.__file__)

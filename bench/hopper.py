@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, write_json  # noqa: E402
 
 from jaxrl_dist import config as config_mod  # noqa: E402
-from jaxrl_dist import fused  # noqa: E402
+from jaxrl_dist.trainers import fused  # noqa: E402
 from jaxrl_dist.config import AlgoConfig, Config, EnvConfig  # noqa: E402
 from jaxrl_dist.envs import make_env  # noqa: E402
 

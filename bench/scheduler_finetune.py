@@ -24,18 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, write_json  # noqa: E402
 from scheduler_mdp import greedy, play  # noqa: E402
 
-from jaxrl_dist import learned  # noqa: E402
+from jaxrl_dist import scheduler_training  # noqa: E402
+from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.scheduling import learned, mdp  # noqa: E402
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
 
-def make_env(overrides: list, opts, episodes: int) -> learned.SchedulingEnv:
-    cfg, sched = learned.task_and_options(overrides, opts.max_rounds, opts.time_weight, 10.0)
-    return learned.SchedulingEnv(cfg, cfg.cost, sched, episodes)
+def make_env(overrides: list, opts, episodes: int) -> mdp.SchedulingEnv:
+    cfg, sched = scheduler_training.task_and_options(load_config(overrides + ["backend=local"]), opts.max_rounds, opts.time_weight, 10.0)
+    return mdp.SchedulingEnv(cfg, cfg.cost, sched, episodes)
 
 
 def timed_training(env, updates: int, seed: int, init=None) -> tuple:
     t0 = time.perf_counter()
-    trained = learned.train_scheduler(env, 16, updates, seed, init, log=lambda s: None)
+    trained = scheduler_training.train_scheduler(env, 16, updates, seed, init, log=lambda s: None)
     return trained, time.perf_counter() - t0
 
 

@@ -22,18 +22,20 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxrl_dist import learned  # noqa: E402
-from jaxrl_dist.networks import make_network  # noqa: E402
+from jaxrl_dist import scheduler_training  # noqa: E402
+from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.scheduling import learned, mdp, profile  # noqa: E402
+from jaxrl_dist.core.networks import make_network  # noqa: E402
 
 
-def make_env(trained: learned.Trained, overrides: list, episodes: int) -> learned.SchedulingEnv:
+def make_env(trained: learned.Trained, overrides: list, episodes: int) -> mdp.SchedulingEnv:
     m = trained.meta
-    cfg, opts = learned.task_and_options(
-        [f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
-         f"scheduler.max_shards={m['max_shards']}"] + overrides,
-        m["max_rounds"], m["time_weight"], m["target_bonus"], learned.Profile(**m["profile"]),
-        learned.Scale(**m["scale"]))
-    return learned.SchedulingEnv(cfg, cfg.cost, opts, episodes)
+    cfg, opts = scheduler_training.task_and_options(
+        load_config([f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
+                     f"scheduler.max_shards={m['max_shards']}", "backend=local"] + overrides),
+        m["max_rounds"], m["time_weight"], m["target_bonus"], profile.Profile(**m["profile"]),
+        mdp.Scale(**m["scale"]))
+    return mdp.SchedulingEnv(cfg, cfg.cost, opts, episodes)
 
 
 def play(env, choose, seed: int) -> dict:
@@ -59,7 +61,7 @@ def play(env, choose, seed: int) -> dict:
             "mean_n": float(np.concatenate(ns).mean())}
 
 
-def greedy(trained: learned.Trained, env: learned.SchedulingEnv):
+def greedy(trained: learned.Trained, env: mdp.SchedulingEnv):
     """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax."""
     net = make_network(env.spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
     params = jax.tree.map(jnp.asarray, trained.params)

@@ -79,7 +79,7 @@ METRICS = ("time_to_target_s", "wall_to_target_s", "cost_to_target_usd", "final_
 def run_one(task: str, policy: str, seed: int, root: Path, extra: list) -> dict:
     """One training run; its summary plus the shards it ran each round."""
     from jaxrl_dist.cli import load_config
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     run_dir = root / task / policy / f"seed{seed}"
     cfg = load_config(["backend=local", "run.stop_at_target=true", "run.progress=false",

@@ -26,12 +26,12 @@ _EXPORTS = {
     "AlgoConfig": ("config", "AlgoConfig"),
     "RunConfig": ("config", "RunConfig"),
     "from_dict": ("config", "from_dict"),
-    "train": ("runner", "train"),
+    "train": ("trainers.runner", "train"),
     "make_env": ("envs", "make_env"),
-    "make_network": ("networks", "make_network"),
-    "make_update": ("ppo", "make_update"),
-    "make_train": ("fused", "make_train"),
-    "gae": ("ppo", "gae"),
+    "make_network": ("core.networks", "make_network"),
+    "make_update": ("core.ppo", "make_update"),
+    "make_train": ("trainers.fused", "make_train"),
+    "gae": ("core.ppo", "gae"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -53,7 +53,7 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers see the real objects
     from jaxrl_dist.config import AlgoConfig, Config, EnvConfig, RunConfig, from_dict
     from jaxrl_dist.envs import make_env
-    from jaxrl_dist.fused import make_train
-    from jaxrl_dist.networks import make_network
-    from jaxrl_dist.ppo import gae, make_update
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.fused import make_train
+    from jaxrl_dist.core.networks import make_network
+    from jaxrl_dist.core.ppo import gae, make_update
+    from jaxrl_dist.trainers.runner import train

@@ -1,4 +1,4 @@
-"""`jaxrl-dist calibrate`: a latency profile (`learned.Profile`) measured on a real backend.
+"""`jaxrl-dist calibrate`: a latency profile (`profile.Profile`) measured on a real backend.
 
 A few rounds of the round trainer (`rounds.RoundTrainer`: the configured
 backend, a fixed shard count) run while `Recorder` keeps each round's
@@ -44,9 +44,17 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jaxrl_dist import rng
+from jaxrl_dist.core import rng
 from jaxrl_dist.config import Config, ConfigError, RunConfig, SchedulerConfig
-from jaxrl_dist.learned import Profile
+from jaxrl_dist.scheduling.profile import Profile
+from jaxrl_dist.envs import resolve_suite
+from jaxrl_dist.platform import cpu_model
+from jaxrl_dist.serve import LocalServer
+from jaxrl_dist.serve import free_port
+from jaxrl_dist.trainers.logger import MetricsLogger
+from jaxrl_dist.trainers.sync import RoundTrainer
+from jaxrl_dist.trainers.sync import moved_bytes
+from jaxrl_dist.trainers.sync import shard_seconds
 
 
 class Options(NamedTuple):
@@ -77,8 +85,6 @@ class LoopbackServe:
     so that what its cold start measures is the worker's start-up alone."""
 
     def __init__(self):
-        from jaxrl_dist.serve import free_port
-
         self.port, self.token, self.server = free_port(), secrets.token_hex(16), None
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -87,8 +93,6 @@ class LoopbackServe:
 
     def start(self, env_id: str) -> float:
         """Start the process; returns when it was started (`time.time()`)."""
-        from jaxrl_dist.serve import LocalServer
-
         started = time.time()
         self.server = LocalServer(f"serve.allowed_envs=['{env_id}']", token=self.token, port=self.port)
         return started
@@ -126,8 +130,6 @@ class Recorder:
 
 def batched(cfg: Config) -> bool:
     """Whether the backend runs a round's shards as one batch (local, gymnax)."""
-    from jaxrl_dist.envs import resolve_suite
-
     return cfg.backend.name == "local" and resolve_suite(cfg.env.id, cfg.env.suite) != "envpool"
 
 
@@ -146,8 +148,6 @@ def calibration_config(cfg: Config, opts: Options, run_dir: Path) -> Config:
 def run_rounds(cfg: Config, run_dir: Path, serve: Optional[LoopbackServe]):
     """The round trainer's run under `Recorder`; `(trainer, rounds, when the worker started)`
     (None: the first round's call, the worker being the backend's own)."""
-    from jaxrl_dist.logger import MetricsLogger
-    from jaxrl_dist.rounds import RoundTrainer
 
     trainer = RoundTrainer(cfg, run_dir, False)
     recorder = trainer.backend = Recorder(trainer.backend)
@@ -165,8 +165,6 @@ def run_rounds(cfg: Config, run_dir: Path, serve: Optional[LoopbackServe]):
 
 def shard_steps(rounds: list, num_steps: int) -> list:
     """Seconds per env step of each warm shard."""
-    from jaxrl_dist.rounds import shard_seconds
-
     return [s / num_steps for m in rounds[1:] for s in shard_seconds(m.result.shards)]
 
 
@@ -177,8 +175,6 @@ def _ran_apart(shards) -> bool:
 
 def jitter(rounds: list) -> tuple:
     """`(jitter_cv, samples, method)` over the warm rounds (see the module docstring)."""
-    from jaxrl_dist.rounds import shard_seconds
-
     apart = [np.asarray(shard_seconds(m.result.shards)) for m in rounds[1:] if _ran_apart(m.result.shards)]
     if apart:
         logs = np.concatenate([np.log(d / np.median(d)) for d in apart])
@@ -189,8 +185,6 @@ def jitter(rounds: list) -> tuple:
 
 def transfer(rounds: list, param_bytes: int) -> tuple:
     """`(bytes per shard, seconds per byte, rounds)` over the warm rounds."""
-    from jaxrl_dist.rounds import moved_bytes
-
     warm = [m.result for m in rounds[1:]]
     moved = [moved_bytes(r, len(r.shards), param_bytes) for r in warm]
     per_shard = statistics.median(b / len(r.shards) for b, r in zip(moved, warm))
@@ -244,8 +238,6 @@ def fit_line(x, y) -> tuple:
 
 
 def machine() -> dict:
-    from jaxrl_dist.platform import cpu_model
-
     return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
             "load_avg_1m": os.getloadavg()[0]}
 

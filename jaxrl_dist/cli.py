@@ -164,7 +164,7 @@ def _calibrate_parser(sub) -> None:
                          "time them: seconds per env step of a shard, bytes per shard and seconds "
                          "per byte, the learner's seconds against batch size (a fitted line), "
                          "straggler spread, a fresh worker's start-up. Writes a JSON profile "
-                         "(learned.Profile fields and how they were measured).",
+                         "(profile.Profile fields and how they were measured).",
                          epilog=_CALIBRATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     cal.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (env=, backend=, ...)")
     cal.add_argument("--out", metavar="PATH", help="the profile to write (default profiles/<env.id>.json)")
@@ -196,7 +196,7 @@ def _scheduler_parser(sub) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--profile", metavar="PATH",
                        help="latency profile (jaxrl-dist calibrate); default: the one shipped for "
-                       "env.id, else learned.Profile()'s defaults")
+                       "env.id, else profile.Profile()'s defaults")
 
 
 def _train(overrides: Sequence[str], print_config: bool) -> int:
@@ -209,7 +209,7 @@ def _train(overrides: Sequence[str], print_config: bool) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     from jaxrl_dist.backends import BackendError
 
@@ -261,29 +261,34 @@ def _report(args) -> int:
 
 def _scheduler_train(args) -> int:
     """`jaxrl-dist scheduler train`: the task's config from the overrides, then PPO."""
-    from jaxrl_dist import learned
+    from jaxrl_dist.scheduling import learned
+    from jaxrl_dist import scheduler_training
+    from jaxrl_dist.scheduling import mdp
+    from jaxrl_dist.scheduling import profile
     from jaxrl_dist.config import ConfigError
 
     try:
-        cfg, opts = learned.task_and_options(args.overrides, args.max_rounds, args.time_weight,
-                                             args.target_bonus, args.profile)
+        cfg, opts = scheduler_training.task_and_options(
+            load_config(list(args.overrides) + ["backend=local"]), args.max_rounds, args.time_weight,
+            args.target_bonus, args.profile)
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + " ".join(str(err).split())) from err
-    print(f"profile: {learned.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
-    env = learned.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
+    print(f"profile: {profile.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
+    env = mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
     init_from = args.init_from or cfg.scheduler.init_from
     if init_from and not Path(init_from).is_file():
         raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
     init = learned.load(init_from) if init_from else None
-    trained = learned.train_scheduler(env, args.rollout, args.updates, args.seed, init)
+    trained = scheduler_training.train_scheduler(env, args.rollout, args.updates, args.seed, init)
     print(f"wrote {learned.save(trained, args.out)}")
     return 0
 
 
 def _calibrate(args) -> int:
     """`jaxrl-dist calibrate`: measure, write the profile, print a summary."""
-    from jaxrl_dist import calibrate, learned
+    from jaxrl_dist import calibrate
+    from jaxrl_dist.scheduling.profile import save_profile
     from jaxrl_dist.backends import BackendError
     from jaxrl_dist.config import ConfigError
 
@@ -298,7 +303,7 @@ def _calibrate(args) -> int:
     except BackendError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_BACKEND_ERROR
-    out = learned.save_profile(profile, args.out or Path("profiles") / f"{cfg.env.id}.json", meta)
+    out = save_profile(profile, args.out or Path("profiles") / f"{cfg.env.id}.json", meta)
     print("\n".join(calibrate.summary(profile, meta) + [f"wrote {out}"]))
     return 0
 

@@ -5,6 +5,7 @@ The library takes these objects; Hydra and YAML live only in `cli.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
@@ -96,6 +97,27 @@ class BackendConfig:
     slow_every: int = 4
 
 
+def check_scheduler(cfg) -> None:
+    """Checks of `SchedulerConfig` on its own (run when it is built); the bound
+    against `backend.max_shards` is checked by `shard_range`."""
+    for key in ("min_shards", "window", "step", "every"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"scheduler.{key} must be a positive integer, got {value!r}")
+    if cfg.max_shards is not None and (not isinstance(cfg.max_shards, int) or cfg.max_shards < 1):
+        raise ConfigError(f"scheduler.max_shards must be a positive integer or null, got {cfg.max_shards!r}")
+    if cfg.max_shards is not None and cfg.min_shards > cfg.max_shards:
+        raise ConfigError(f"scheduler.min_shards={cfg.min_shards} exceeds scheduler.max_shards={cfg.max_shards}")
+    for key in ("min_return", "max_return"):
+        value = getattr(cfg, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ConfigError(f"scheduler.{key} must be a number or null, got {value!r}")
+    if None not in (cfg.min_return, cfg.max_return) and cfg.min_return >= cfg.max_return:
+        raise ConfigError(f"scheduler.min_return={cfg.min_return} must be below "
+                          f"scheduler.max_return={cfg.max_return}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """How many shards each round runs (`jaxrl_dist/schedulers.py`)."""
@@ -113,9 +135,7 @@ class SchedulerConfig:
     init_from: Optional[str] = None  # `scheduler train`: a scheduler file to fine-tune from
 
     def __post_init__(self):
-        from jaxrl_dist.schedulers import check_config  # it imports this module
-
-        check_config(self)
+        check_scheduler(self)
 
 
 @dataclass(frozen=True)
@@ -131,7 +151,7 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class CostConfig:
-    """Prices and latencies of one platform (`jaxrl_dist.cost`); the defaults are the
+    """Prices and latencies of one platform (`jaxrl_dist.scheduling.cost`); the defaults are the
     `azure_aci` preset, whose sources are in `configs/cost/azure_aci.yaml`."""
 
     name: str = "azure_aci"

@@ -35,7 +35,7 @@ CONFIG_FILE = "config.yaml"
 # measured time components of a round record, in stacking order; `other` is
 # what `round_s` holds beyond them (scheduling, logging, stacking)
 MEASURED = ("dispatch_s", "wait_s", "transfer_s", "learn_s")
-# modeled components (`jaxrl_dist.cost.TIME_KEYS`), in stacking order: recorded as
+# modeled components (`jaxrl_dist.scheduling.cost.TIME_KEYS`), in stacking order: recorded as
 # `modeled_<name>_s`; names that cannot be mistaken for a measured key are
 # accepted bare as well. Other `modeled_*_s` keys are stacked after these.
 MODELED = ("setup_s", "invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")

@@ -1,7 +1,7 @@
 """The serverless actor function: an ASGI app that runs one shard per request.
 
 Routes: `GET /healthz` and `POST /v1/rollout`. Bodies are msgpack
-(`jaxrl_dist.wire`), optionally raw-deflated (`Content-Encoding: deflate`);
+(`jaxrl_dist.backends.wire`), optionally raw-deflated (`Content-Encoding: deflate`);
 nothing is ever unpickled. Bad requests get a JSON `{"error": ...}` naming
 the field and the instance keeps serving:
 
@@ -48,7 +48,7 @@ class ServeApp:
     """ASGI 3 app; `token=None` or `""` turns authentication off."""
 
     def __init__(self, cfg: ServeConfig = ServeConfig(), token: Optional[str] = None):
-        from jaxrl_dist.shard import ShardWorker
+        from jaxrl_dist.backends.shard import ShardWorker
 
         self.cfg = cfg
         self.token = token or None
@@ -143,9 +143,9 @@ class ServeApp:
 
     def _rollout(self, body: bytes, compressed: bool, compress: bool, received: float) -> bytes:
         """Decode, check, run and encode one shard (in the worker thread)."""
-        from jaxrl_dist import wire
+        from jaxrl_dist.backends import wire
         from jaxrl_dist.envs import EnvMakeError
-        from jaxrl_dist.shard import ShardError, Timings
+        from jaxrl_dist.backends.shard import ShardError, Timings
 
         try:
             spec, data = wire.decode_request_head(body, compressed, self.max_bytes)

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_dist import asynchronous, cost, ppo
+from jaxrl_dist.trainers import asynchronous
+from jaxrl_dist.scheduling import cost
+from jaxrl_dist.core import ppo
 from jaxrl_dist.config import ConfigError, CostConfig, from_dict
-from jaxrl_dist.runner import train
+from jaxrl_dist.trainers.runner import train
 
 ENVS, STEPS, K = 4, 32, 4
 PER_UPDATE = K * ENVS * STEPS
@@ -176,7 +178,7 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
     from types import SimpleNamespace
 
     from jaxrl_dist.backends import ShardInfo
-    from jaxrl_dist.shard import ShardOutput, Timings
+    from jaxrl_dist.backends.shard import ShardOutput, Timings
 
     cfg = CostConfig(name="t", kind="serverless", vcpu_second_usd=1.0, gb_second_usd=0.0,
                      vcpus_per_shard=1.0, billing_granularity_s=0.0, cold_start_s=0.0,
@@ -203,20 +205,20 @@ def test_stragglers_are_one_shard_in_k_whatever_the_slots():
     at the same rate; a slot's first shard in the process is not slowed."""
     import time
 
-    from jaxrl_dist import rounds
+    from jaxrl_dist.trainers import sync
     from jaxrl_dist.backends import ShardInfo
     from jaxrl_dist.config import BackendConfig
-    from jaxrl_dist.shard import Timings
+    from jaxrl_dist.backends.shard import Timings
 
     b, now = BackendConfig(slowdown=3.0, slow_every=4), time.time()
     shards = [ShardInfo(s, Timings(now, now, now, 0.0), False, 0, "local") for s in range(4)]
     seen = {0, 1, 2, 3}
     for r in range(8):  # a round of 4: one slowed, slot 3, then 2, 1, 0, 3, ...
-        f = rounds.straggle(shards, b, seen, r)
+        f = sync.straggle(shards, b, seen, r)
         assert list(f).count(3.0) == 1 and f[(3 - r) % 4] == 3.0
-    assert (rounds.straggle(shards, b, set(), 1) == 1.0).all()  # first shards: compile, not slowed
+    assert (sync.straggle(shards, b, set(), 1) == 1.0).all()  # first shards: compile, not slowed
     for slots in ([0], [0, 1], [2, 3, 5]):  # async: chunks 0..7 of each slot
-        f = [rounds.straggle([shards[0]._replace(slot=s)], b, {s}, c)[0] for s in slots for c in range(8)]
+        f = [sync.straggle([shards[0]._replace(slot=s)], b, {s}, c)[0] for s in slots for c in range(8)]
         assert f.count(3.0) == 2 * len(slots)
 
 

@@ -44,14 +44,14 @@ def config(name: str, run_dir, urls=(), **over):
 
 
 def run(name, tmp_path, servers, **over):
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     return train(config(name, tmp_path / name, servers if name == "http" else (), **over))
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     return train(config("local", tmp_path_factory.mktemp("ref")))
 
@@ -74,7 +74,7 @@ def test_same_seed_same_params_on_every_backend(name, tmp_path, servers, referen
 @pytest.mark.parametrize("name", ["ray", "http"])
 def test_continuous_actions_and_normalisers_match_too(name, tmp_path, servers):
     """Pendulum ships observation and reward normaliser state with every slot."""
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     over = {"env": {"id": "Pendulum-v1"}}
     ref = train(config("local", tmp_path / "ref", **over))
@@ -110,8 +110,8 @@ def test_local_backend_buckets_shard_counts_and_keeps_idle_slots(tmp_path):
     """n = 1..4 compiles 3 shapes (1, 2, 4), each once; slots a round skips keep their state."""
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.local import LocalBackend
-    from jaxrl_dist.rounds import init_table, init_train, make_learner
-    from jaxrl_dist.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.trainers.sync import init_table, init_train, make_learner
+    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     cfg = config("local", tmp_path)
     program = ShardProgram(spec_from_config(cfg, "gymnax", False))
@@ -145,7 +145,7 @@ def test_round_trainer_config_errors_name_the_key():
 
 def test_no_recompile_after_the_first_round(tmp_path):
     """Learner, keys and the local shard call compile in round 1 only."""
-    from jaxrl_dist.rounds import RoundTrainer
+    from jaxrl_dist.trainers.sync import RoundTrainer
     from test_schedulers import compile_log
 
     events = []

@@ -9,7 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from jaxrl_dist import calibrate, cli, learned
+from jaxrl_dist import calibrate, cli
+from jaxrl_dist.scheduling import learned
+from jaxrl_dist import scheduler_training
+from jaxrl_dist.scheduling import profile as prof
 
 # 4 envs x 32 steps: 128 samples, which any minibatch setting of the cartpole preset divides
 TINY = ["env=cartpole", "backend.envs_per_shard=4", "algo.num_steps=32"]
@@ -32,7 +35,7 @@ def local(tmp_path_factory):
     return out, printed.getvalue()
 
 
-def check_profile(p: learned.Profile) -> None:
+def check_profile(p: prof.Profile) -> None:
     values = p._asdict()
     assert all(math.isfinite(v) for v in values.values()), values
     for name in ("step_s", "learn_s_per_sample", "bytes_per_shard", "cold_start_s"):
@@ -42,7 +45,7 @@ def check_profile(p: learned.Profile) -> None:
 
 def test_local_profile_is_measured_and_complete(local):
     path, printed = local
-    profile = learned.load_profile(path)
+    profile = prof.load_profile(path)
     check_profile(profile)
     assert profile.transfer_s_per_byte == 0.0  # the local backend moves nothing
     meta = json.loads(path.read_text())["meta"]
@@ -55,7 +58,7 @@ def test_local_profile_is_measured_and_complete(local):
 
 
 def test_learner_fit_reproduces_the_measured_times(local):
-    profile = learned.load_profile(local[0])
+    profile = prof.load_profile(local[0])
     fit = json.loads(local[0].read_text())["meta"]["fits"]["learn"]
     assert fit["shards"] == [1, 2, 4] and fit["samples"] == [128, 256, 512]
     line = profile.learn_s_fixed + profile.learn_s_per_sample * np.asarray(fit["samples"])
@@ -65,16 +68,16 @@ def test_learner_fit_reproduces_the_measured_times(local):
 
 
 def test_profile_json_round_trips(local, tmp_path):
-    profile = learned.load_profile(local[0])
-    again = learned.save_profile(profile, tmp_path / "again.json", {"note": "copy"})
-    assert learned.load_profile(again) == profile
+    profile = prof.load_profile(local[0])
+    again = prof.save_profile(profile, tmp_path / "again.json", {"note": "copy"})
+    assert prof.load_profile(again) == profile
     assert json.loads(again.read_text())["meta"] == {"note": "copy"}
 
 
 def test_files_without_the_newer_fields_keep_the_defaults(tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"step_s": 2e-5, "jitter_cv": 0.2}))
-    assert learned.load_profile(old) == learned.Profile(step_s=2e-5, jitter_cv=0.2)
+    assert prof.load_profile(old) == prof.Profile(step_s=2e-5, jitter_cv=0.2)
 
 
 @pytest.mark.parametrize("body, named", [({"step_s": "fast"}, "step_s"), ({"step_s": 0}, "step_s"),
@@ -86,12 +89,12 @@ def test_bad_profile_files_name_the_field(tmp_path, body, named):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(body))
     with pytest.raises(ConfigError, match=named):
-        learned.load_profile(bad)
+        prof.load_profile(bad)
 
 
 def test_http_calibration_spawns_a_loopback_function(tmp_path, capsys):
     out, printed = run_calibrate(tmp_path, capsys, "backend=http", "--shards", "2")
-    profile = learned.load_profile(out)
+    profile = prof.load_profile(out)
     check_profile(profile)
     assert profile.transfer_s_per_byte > 0  # bytes went over loopback HTTP
     meta = json.loads(out.read_text())["meta"]
@@ -102,7 +105,7 @@ def test_http_calibration_spawns_a_loopback_function(tmp_path, capsys):
 def scheduler_train(monkeypatch, capsys, tmp_path, task: str, *flags: str) -> tuple:
     """`jaxrl-dist scheduler train` up to the training itself (stubbed): the file's meta."""
     monkeypatch.setattr(learned, "train_scheduler", lambda env, *a, **k: learned.Trained(
-        {}, learned._meta(env, learned.scheduler_config(env, 2, 2, 1))))
+        {}, scheduler_training._meta(env, scheduler_training.scheduler_config(env, 2, 2, 1))))
     out = tmp_path / "s.msgpack"
     assert cli.main(["scheduler", "train", task, "run.target_return=100", "scheduler.max_shards=2",
                      "backend.envs_per_shard=4", "algo.num_steps=32", "--episodes", "2",
@@ -112,23 +115,23 @@ def scheduler_train(monkeypatch, capsys, tmp_path, task: str, *flags: str) -> tu
 
 def test_scheduler_train_uses_the_given_profile(local, monkeypatch, capsys, tmp_path):
     meta, printed = scheduler_train(monkeypatch, capsys, tmp_path, "env=cartpole", "--profile", str(local[0]))
-    assert meta["profile"] == learned.load_profile(local[0])._asdict()
+    assert meta["profile"] == prof.load_profile(local[0])._asdict()
     assert f"profile: {local[0]}" in printed
 
 
 def test_scheduler_train_falls_back_to_the_shipped_profile_then_defaults(monkeypatch, capsys, tmp_path):
     meta, printed = scheduler_train(monkeypatch, capsys, tmp_path, "env=cartpole")
-    shipped = learned.PROFILES / "CartPole-v1.json"
-    assert meta["profile"] == learned.load_profile(shipped)._asdict() and str(shipped) in printed
+    shipped = prof.PROFILES / "CartPole-v1.json"
+    assert meta["profile"] == prof.load_profile(shipped)._asdict() and str(shipped) in printed
     meta, printed = scheduler_train(monkeypatch, capsys, tmp_path, "env.id=Acrobot-v1")
-    assert meta["profile"] == learned.Profile()._asdict() and "Profile() defaults" in printed
+    assert meta["profile"] == prof.Profile()._asdict() and "Profile() defaults" in printed
 
 
 def test_shipped_profiles_load_and_name_their_env():
-    shipped = sorted(learned.PROFILES.glob("*.json"))
+    shipped = sorted(prof.PROFILES.glob("*.json"))
     assert {p.stem for p in shipped} >= {"CartPole-v1", "Hopper-v3", "SpaceInvaders-v5"}
     for path in shipped:
-        check_profile(learned.load_profile(path))
+        check_profile(prof.load_profile(path))
         assert json.loads(path.read_text())["meta"]["env_id"] == path.stem
 
 

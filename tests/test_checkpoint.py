@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_dist import checkpoint, fused
+from jaxrl_dist.trainers import checkpoint, fused
 from jaxrl_dist.config import from_dict
 from jaxrl_dist.envs import make_env
 
@@ -115,7 +115,7 @@ def test_checkpoint_round_trip(tmp_path):
 
 def test_new_run_refuses_a_dir_with_checkpoints(tmp_path):
     from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.runner import prepare_run
+    from jaxrl_dist.trainers.rundir import prepare_run
 
     (tmp_path / "checkpoints" / "10").mkdir(parents=True)
     with pytest.raises(ConfigError, match="run.resume"):
@@ -125,7 +125,7 @@ def test_new_run_refuses_a_dir_with_checkpoints(tmp_path):
 def test_envpool_resume_resets_envs_and_finishes(tmp_path):
     """envpool state cannot be saved: the resumed run resets envs and completes."""
     pytest.importorskip("envpool")
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     cfg = small_cfg(tmp_path, id="CartPole-v1", suite="envpool")
     first = train(cfg)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_dist import cost
+from jaxrl_dist.scheduling import cost
 from jaxrl_dist.config import ConfigError, CostConfig, from_dict
 
 # round numbers: 2 vCPU x $0.01 + 4 GB x $0.001 = $0.024 per billed second;
@@ -155,7 +155,7 @@ def test_presets_compose():
 
 def _train(tmp_path, name, **over):
     """3 shards of 4 envs x 16 steps per round, at most 6 rounds."""
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     run = {"dir": str(tmp_path / name), "progress": False, "tensorboard": False, "compile_cache": False,
            **over.pop("run", {})}

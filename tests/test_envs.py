@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from jaxrl_dist.envs import EnvMakeError, init_episodes, make_env, track_episodes
-from jaxrl_dist.networks import make_network, sample_action
-from jaxrl_dist.types import EnvSpec, StepOut
+from jaxrl_dist.core.networks import make_network, sample_action
+from jaxrl_dist.core.types import EnvSpec, StepOut
 
 # CartPole-v1 limits (gymnax and gym): pole angle 12 degrees, cart position 2.4;
 # reset draws every state variable from U(-0.05, 0.05).
@@ -285,7 +285,7 @@ def test_shard_programs_take_env_num_threads():
     leaving envpool's own choice, slower for small pools on 2 cores)."""
     pytest.importorskip("envpool")
     from jaxrl_dist.cli import load_config
-    from jaxrl_dist.shard import ShardProgram, ShardSpec, spec_from_config
+    from jaxrl_dist.backends.shard import ShardProgram, ShardSpec, spec_from_config
 
     spec = spec_from_config(load_config(["env=cartpole", "env.suite=envpool", "env.num_threads=1"]),
                             "envpool", False)

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from jaxrl_dist import learned
+from jaxrl_dist import scheduler_training
+from jaxrl_dist.scheduling import mdp
+from jaxrl_dist.scheduling import profile
 from jaxrl_dist.config import CostConfig, from_dict
-from jaxrl_dist.runner import train
+from jaxrl_dist.trainers.runner import train
 from serving import TOKEN, Server
 
 GOLDEN = {
@@ -67,10 +69,10 @@ def mdp_digest():
                       "scheduler": {"num_shards": 2},
                       "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
                                "total_timesteps": 2 * 8 * 20}})
-    opts = learned.SchedOptions(2, 3, 475.0, 0.5, 10.0, learned.Profile(),
-                                learned.Scale(0.0, 500.0, 3, 2))
-    env = learned.SchedulingEnv(task, CostConfig(), opts, 2)
-    out = learned.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
+    opts = mdp.SchedOptions(2, 3, 475.0, 0.5, 10.0, profile.Profile(),
+                                mdp.Scale(0.0, 500.0, 3, 2))
+    env = mdp.SchedulingEnv(task, CostConfig(), opts, 2)
+    out = scheduler_training.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
     host = jax.tree.map(np.asarray, out.params)
     return hashlib.sha256(serialization.to_bytes(host)).hexdigest()
 

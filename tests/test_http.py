@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_dist import shard, wire
+from jaxrl_dist.backends import shard, wire
 from jaxrl_dist.config import from_dict
 from serving import TOKEN, Server, free_port
 
@@ -162,7 +162,7 @@ def tiny(run_dir, urls, **backend):
 
 @pytest.fixture(scope="module")
 def local_digest(tmp_path_factory):
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     cfg = tiny(tmp_path_factory.mktemp("local"), ["http://127.0.0.1:1"])
     cfg = from_dict({**json.loads(json.dumps(_plain(cfg))), "backend": {
@@ -201,7 +201,7 @@ class SilentServer:
 
 
 def test_dead_and_hung_endpoints_are_retried_elsewhere(server, tmp_path, local_digest):
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     dead = f"http://127.0.0.1:{free_port()}"
     hung = SilentServer()
@@ -221,7 +221,7 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     """Kill the only function mid-run: the run stops with one line after its
     retries, its last checkpoint is intact, and resuming it against a new
     instance ends with the very parameters an uninterrupted run gets."""
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
     from test_cli import command
 
     port = free_port()
@@ -269,9 +269,9 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
     from jaxrl_dist.cli import load_config
-    from jaxrl_dist.rounds import init_train, make_learner
-    from jaxrl_dist.runner import train
-    from jaxrl_dist.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.trainers.sync import init_train, make_learner
+    from jaxrl_dist.trainers.runner import train
+    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     a, b = Server(), Server()
     try:
@@ -314,8 +314,8 @@ def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
     to report its own error after the run has stopped."""
     from jaxrl_dist.backends import BackendError, Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
-    from jaxrl_dist.rounds import init_train, make_learner
-    from jaxrl_dist.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.trainers.sync import init_train, make_learner
+    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     hung = SilentServer()
     cfg = tiny(tmp_path, [f"http://127.0.0.1:{free_port()}", hung.url], shard_timeout=1.5, max_retries=0)

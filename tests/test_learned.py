@@ -8,7 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_dist import learned
+from jaxrl_dist.scheduling import learned
+from jaxrl_dist import scheduler_training
+from jaxrl_dist.scheduling import mdp
+from jaxrl_dist.scheduling import profile
 from jaxrl_dist.config import CostConfig, from_dict
 
 M = 2
@@ -22,22 +25,22 @@ def task():
 
 
 def make_env(target=475.0, max_rounds=3, episodes=2):
-    opts = learned.SchedOptions(M, max_rounds, target, 0.5, 10.0, learned.Profile(),
-                                learned.Scale(0.0, 500.0, max_rounds, M))
-    return learned.SchedulingEnv(task(), CostConfig(), opts, episodes)
+    opts = mdp.SchedOptions(M, max_rounds, target, 0.5, 10.0, profile.Profile(),
+                                mdp.Scale(0.0, 500.0, max_rounds, M))
+    return mdp.SchedulingEnv(task(), CostConfig(), opts, episodes)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     env = make_env()
-    out = learned.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
+    out = scheduler_training.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
     return learned.save(out, tmp_path_factory.mktemp("sched") / "s.msgpack")
 
 
 def test_rounds_cost_time_and_money_and_episodes_end():
     env = make_env(target=-1.0, max_rounds=2)  # any return reaches the target
     state, obs = env.reset(jax.random.key(0))
-    assert obs.shape == (2, len(learned.FEATURES)) and np.isfinite(np.asarray(obs)).all()
+    assert obs.shape == (2, len(mdp.FEATURES)) and np.isfinite(np.asarray(obs)).all()
     state, out = jax.jit(env.step)(state, jnp.array([0, 1]), jax.random.key(1))
     assert bool(out.terminated.all()) and not bool(out.truncated.any())
     # reward = -(w * s / ref_s + (1 - w) * usd / ref_usd) + bonus; two shards cost more
@@ -57,13 +60,13 @@ def test_unreached_targets_truncate_at_max_rounds():
 
 
 def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     loaded = learned.load(trained)
-    assert loaded.meta["max_shards"] == M and loaded.meta["features"] == list(learned.FEATURES)
+    assert loaded.meta["max_shards"] == M and loaded.meta["features"] == list(mdp.FEATURES)
     act = learned.policy(loaded)
-    scale = learned.Scale(**loaded.meta["scale"])
-    x = np.asarray(learned.features(learned.obs_from_records([], scale), scale, np))
+    scale = mdp.Scale(**loaded.meta["scale"])
+    x = np.asarray(mdp.features(mdp.obs_from_records([], scale), scale, np))
     assert 1 <= act(x) <= M
     cfg = from_dict({**json.loads(json.dumps({"backend": {"name": "local", "envs_per_shard": 2,
                                                            "max_shards": M}})),
@@ -80,7 +83,7 @@ def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
 def test_fine_tuning_starts_from_the_given_params(trained):
     start = learned.load(trained)
     env = make_env()
-    tuned = learned.train_scheduler(env, num_steps=2, updates=1, init_from=start, log=lambda s: None)
+    tuned = scheduler_training.train_scheduler(env, num_steps=2, updates=1, init_from=start, log=lambda s: None)
     moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
                          tuned.params, start.params)
     assert 0 < max(jax.tree.leaves(moved)) < 1.0  # one small step from the start, not a fresh init
@@ -88,7 +91,7 @@ def test_fine_tuning_starts_from_the_given_params(trained):
 
 def test_missing_scheduler_file_names_the_key():
     from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.schedulers import make_scheduler
+    from jaxrl_dist.scheduling.schedulers import make_scheduler
 
     cfg = from_dict({"backend": {"name": "local"}, "scheduler": {"name": "learned", "path": "/nope.msgpack"}})
     with pytest.raises(ConfigError, match="scheduler.path"):
@@ -99,7 +102,7 @@ def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
     """No preset for Acrobot: the CartPole preset, with a note, and Acrobot's own
     return range; without a target or range the error names the key."""
     from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.schedulers import make_scheduler
+    from jaxrl_dist.scheduling.schedulers import make_scheduler
 
     base = {"env": {"id": "Acrobot-v1"}, "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
     cfg = from_dict({**base, "run": {"target_return": -100.0}, "scheduler": {"name": "learned",
@@ -117,22 +120,22 @@ def test_an_envpool_task_cannot_be_the_scheduling_mdp():
     from jaxrl_dist.config import ConfigError, CostConfig
 
     cfg = from_dict({"env": {"id": "CartPole-v1", "suite": "envpool"}, "backend": {"name": "local"}})
-    opts = learned.SchedOptions(2, 4, 475.0, 0.5, 10.0, learned.Profile(), learned.Scale(0.0, 500.0, 4, 2))
+    opts = mdp.SchedOptions(2, 4, 475.0, 0.5, 10.0, profile.Profile(), mdp.Scale(0.0, 500.0, 4, 2))
     with pytest.raises(ConfigError, match="env.id: the scheduling MDP runs the task in JAX"):
-        learned.SchedulingEnv(cfg, CostConfig(), opts, 2)
+        mdp.SchedulingEnv(cfg, CostConfig(), opts, 2)
 
 
 def test_features_from_records_hand_checked():
     """What `scheduler=learned` sees after some rounds (the MDP computes the same)."""
-    scale = learned.Scale(0.0, 500.0, 60, 16)
-    empty = learned.features(learned.obs_from_records([], scale, 0.5), scale, np)
-    assert empty.dtype == np.float32 and empty.shape == (len(learned.FEATURES),)
-    assert dict(zip(learned.FEATURES, empty))["budget_left"] == 0.5
+    scale = mdp.Scale(0.0, 500.0, 60, 16)
+    empty = mdp.features(mdp.obs_from_records([], scale, 0.5), scale, np)
+    assert empty.dtype == np.float32 and empty.shape == (len(mdp.FEATURES),)
+    assert dict(zip(mdp.FEATURES, empty))["budget_left"] == 0.5
     history = [{"return_recent": 100.0, "loss": 1.0, "approx_kl": 0.01, "learn_s": 1.0, "busy_s": 1.0,
                 "round_s": 4.0, "num_shards": 8},
                {"return_recent": None, "loss": 0.0, "approx_kl": 0.0, "learn_s": 1.0, "busy_s": 2.0,
                 "round_s": 4.0, "num_shards": 4}]
-    f = dict(zip(learned.FEATURES, learned.features(learned.obs_from_records(history, scale), scale, np)))
+    f = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records(history, scale), scale, np)))
     want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
             "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "n_frac": 0.25}
     assert f == pytest.approx(want)
@@ -154,4 +157,4 @@ def test_fine_tuning_from_another_shard_range_names_the_key(trained):
     start = learned.load(trained)
     start = start._replace(meta={**start.meta, "max_shards": start.meta["max_shards"] + 1})
     with pytest.raises(ConfigError, match="scheduler.init_from: .*scheduler.max_shards="):
-        learned.train_scheduler(make_env(), num_steps=2, updates=1, init_from=start, log=lambda s: None)
+        scheduler_training.train_scheduler(make_env(), num_steps=2, updates=1, init_from=start, log=lambda s: None)

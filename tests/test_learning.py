@@ -7,7 +7,7 @@ import pytest
 
 from jaxrl_dist.config import AlgoConfig, Config, EnvConfig
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.fused import make_train
+from jaxrl_dist.trainers.fused import make_train
 
 
 def late_return(metrics, frac=0.1):

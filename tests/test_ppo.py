@@ -11,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_dist import fused, ppo
+from jaxrl_dist.trainers import fused
+from jaxrl_dist.core import ppo
 from jaxrl_dist.config import AlgoConfig, Config, EnvConfig
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.networks import PolicyOut, make_network
-from jaxrl_dist.types import EnvSpec, TrainState, Transition
+from jaxrl_dist.core.networks import PolicyOut, make_network
+from jaxrl_dist.core.types import EnvSpec, TrainState, Transition
 
 
 def col(*xs):

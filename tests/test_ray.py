@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 # Ray starts its processes by fork + exec, which JAX's fork warning cannot tell apart
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
-from jaxrl_dist import runner  # noqa: E402
+from jaxrl_dist.trainers import runner  # noqa: E402
 from jaxrl_dist.backends import BackendError, Job, ShardTask, make_backend  # noqa: E402
 from jaxrl_dist.backends.ray_backend import LOOPBACK_IP, RayBackend  # noqa: E402
 from jaxrl_dist.config import from_dict  # noqa: E402
@@ -91,8 +91,8 @@ def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path, s
 
 def _parts(cfg, suite: str = "gymnax"):
     """A job and its first rounds' inputs, built as the round trainer builds them."""
-    from jaxrl_dist.rounds import init_table, init_train, make_learner
-    from jaxrl_dist.shard import ShardProgram, spec_from_config
+    from jaxrl_dist.trainers.sync import init_table, init_train, make_learner
+    from jaxrl_dist.backends.shard import ShardProgram, spec_from_config
 
     spec = spec_from_config(cfg, suite, False)
     program = ShardProgram(spec)
@@ -101,7 +101,7 @@ def _parts(cfg, suite: str = "gymnax"):
 
 
 def _tasks(cfg, round_: int, n: int = SHARDS):
-    from jaxrl_dist.shard import round_keys
+    from jaxrl_dist.backends.shard import round_keys
 
     keys, _ = round_keys(cfg.seed, round_, np.arange(n))
     return [ShardTask(s, keys[s]) for s in range(n)]
@@ -172,7 +172,7 @@ class TestOnARuntime:
         cfg = config({"name": "ray", "max_retries": 0})
         job, params, new_table = _parts(cfg)
         other = config({"name": "ray"}, hidden_sizes=[8])  # the workers build another network
-        from jaxrl_dist.shard import spec_from_config
+        from jaxrl_dist.backends.shard import spec_from_config
 
         backend = RayBackend(cfg.backend)
         backend.start(job._replace(spec=spec_from_config(other, "gymnax", False)))

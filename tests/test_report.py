@@ -44,7 +44,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def real_runs(tmp_path_factory):
     """A 4-round local round-trainer run (2 shards of 4 envs x 16 steps) and a
     10-update fused run; both tiny."""
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     root = tmp_path_factory.mktemp("runs")
     algo = {"num_steps": 16, "num_minibatches": 2, "update_epochs": 1}

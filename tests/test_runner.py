@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrl_dist import logger, runner
+from jaxrl_dist.trainers import logger, rundir
 
 
 def test_import_is_light_and_exports_the_public_api():
@@ -23,11 +23,11 @@ def test_import_is_light_and_exports_the_public_api():
     assert out.returncode == 0, out.stderr
     heavy, version, *modules = out.stdout.split()
     assert heavy == "[]" and version[0].isdigit()
-    assert modules == ["jaxrl_dist.runner", "jaxrl_dist.ppo", "jaxrl_dist.fused"]
+    assert modules == ["jaxrl_dist.trainers.runner", "jaxrl_dist.core.ppo", "jaxrl_dist.trainers.fused"]
 
 
 def test_importing_the_runner_does_not_import_hydra_or_envpool():
-    code = ("import sys, jaxrl_dist.runner, jaxrl_dist.checkpoint; "
+    code = ("import sys, jaxrl_dist.trainers.runner, jaxrl_dist.trainers.checkpoint; "
             "print([m for m in sys.modules if m.split('.')[0] in ('envpool', 'hydra', 'ray')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
@@ -76,20 +76,20 @@ def test_truncate_records_drops_updates_past_the_checkpoint(tmp_path):
 def test_default_run_dir_is_dated_and_unique(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     when = datetime.datetime(2025, 1, 2, 3, 4, 5)
-    first = runner.default_run_dir(when)
+    first = rundir.default_run_dir(when)
     assert first.as_posix() == "outputs/2025-01-02/03-04-05"
     first.mkdir(parents=True)
-    assert runner.default_run_dir(when).name == "03-04-05-1"
+    assert rundir.default_run_dir(when).name == "03-04-05-1"
 
 
 def test_compile_cache_dir_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert runner.compile_cache_dir() == tmp_path / "jaxrl-dist" / "xla"
+    assert rundir.compile_cache_dir() == tmp_path / "jaxrl-dist" / "xla"
 
 
 def test_params_digest_changes_with_params():
     a = {"w": np.zeros((2, 3), np.float32)}
     b = {"w": np.zeros((2, 3), np.float32) + 1e-7}
-    assert runner.params_digest(a) == runner.params_digest({"w": np.zeros((2, 3), np.float32)})
-    assert runner.params_digest(a) != runner.params_digest(b)
-    assert math.isfinite(runner.peak_rss_mb())
+    assert rundir.params_digest(a) == rundir.params_digest({"w": np.zeros((2, 3), np.float32)})
+    assert rundir.params_digest(a) != rundir.params_digest(b)
+    assert math.isfinite(rundir.peak_rss_mb())

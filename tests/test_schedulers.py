@@ -13,7 +13,7 @@ import pytest
 
 from jaxrl_dist.backends import bucket
 from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict
-from jaxrl_dist.schedulers import Scheduler, make_scheduler
+from jaxrl_dist.scheduling.schedulers import Scheduler, make_scheduler
 
 SHARD_STEPS = 4 * 16  # envs_per_shard * num_steps in `config`
 
@@ -127,7 +127,7 @@ def test_bounds_against_the_backend_are_named(tmp_path):
         sched("ramp", backend_max=4, min_shards=5)
     with pytest.raises(ConfigError, match=r"scheduler\.name: unknown scheduler 'nope'"):
         sched("nope")
-    from jaxrl_dist.runner import train
+    from jaxrl_dist.trainers.runner import train
 
     with pytest.raises(ConfigError, match=r"scheduler\.max_shards"):  # before any round runs
         train(config(tmp_path / "run", {"name": "max", "max_shards": 8}))
@@ -184,8 +184,8 @@ E2E = {
 
 @pytest.mark.parametrize("name", list(E2E))
 def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
-    import jaxrl_dist.rounds as rounds
-    from jaxrl_dist.runner import train
+    import jaxrl_dist.trainers.sync as rounds
+    from jaxrl_dist.trainers.runner import train
 
     events: list = []
     real_make = rounds.make_scheduler

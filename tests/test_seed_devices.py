@@ -7,7 +7,7 @@ import sys
 SCRIPT = """
 import json
 import jax, numpy as np
-from jaxrl_dist import fused
+from jaxrl_dist.trainers import fused
 from jaxrl_dist.config import AlgoConfig, Config
 from jaxrl_dist.envs import make_env
 cfg = Config(algo=AlgoConfig(total_timesteps=512 * 6), num_seeds=4)

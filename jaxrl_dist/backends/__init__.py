@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 from typing import Any, List, NamedTuple, Optional, Protocol
 
 from jaxrl_dist.config import ConfigError
+from jaxrl_dist.backends.shard import ShardOutput
 
 GROUP = "jaxrl_dist.backends"
 BUILTIN = {"local": "jaxrl_dist.backends.local:LocalBackend",
@@ -129,8 +130,6 @@ def run_shard(backend, index: int, params, task: ShardTask, state) -> tuple:
     trajectory, the slot's new state, `[B]` bootstrap), its `ShardInfo` and the
     backend's dispatch/wait/transfer stats."""
     import numpy as np
-
-    from jaxrl_dist.shard import ShardOutput
 
     if hasattr(backend, "run_shard"):
         return backend.run_shard(index, params, task, state)

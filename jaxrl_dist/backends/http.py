@@ -16,6 +16,7 @@ import threading
 import time
 
 from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import wire
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 
@@ -52,8 +53,6 @@ class HttpBackend:
         return httpx.AsyncClient(timeout=self.cfg.shard_timeout, limits=limits)
 
     def start(self, job: Job) -> None:
-        from jaxrl_dist import wire
-
         self.job = job
         self.templates = wire.output_templates(job.program)
 
@@ -86,8 +85,6 @@ class HttpBackend:
         return replies
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
-        from jaxrl_dist import wire
-
         t0 = time.time()
         job = self.job
         encoder = wire.RequestEncoder(params, self.compress)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
-from jaxrl_dist.shard import ShardWorker, Timings
+from jaxrl_dist.backends.shard import ShardWorker, Timings
 
 
 def _merge(x):

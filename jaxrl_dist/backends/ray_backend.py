@@ -35,6 +35,8 @@ import ray
 
 from jaxrl_dist.backends import (BackendError, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
                                  bucket, stack_outputs)
+from jaxrl_dist.backends import wire
+from jaxrl_dist.backends.shard import ShardWorker
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
 MAX_BODY = 1 << 31
@@ -78,8 +80,6 @@ class ShardActor:
         jax.config.update("jax_platforms", "cpu")
         for name, value in setup["config"].items():
             jax.config.update(name, value)
-        from jaxrl_dist.shard import ShardWorker
-
         ctx = ray.get_runtime_context()
         self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
                      f"/actor-{ctx.get_actor_id()[:12]}")
@@ -101,8 +101,6 @@ class ShardActor:
             raise RuntimeError(f"{type(err).__name__}: {line}") from None
 
     def _run(self, params_body: bytes, request_body: bytes) -> bytes:
-        from jaxrl_dist import wire
-
         received = time.time()
         spec, data = wire.decode_request_head(request_body, False, MAX_BODY)
         data["params"] = wire.decode_params(params_body, MAX_BODY)
@@ -125,8 +123,6 @@ class RayBackend:
     # -- lifecycle ---------------------------------------------------------
 
     def start(self, job: Job) -> None:
-        from jaxrl_dist import wire
-
         self.job = job
         self._templates = wire.output_templates(job.program)
         self._connect()
@@ -194,8 +190,6 @@ class RayBackend:
 
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:
-        from jaxrl_dist import wire
-
         cfg, job = self.cfg, self.job
         n = len(tasks)
         t0 = time.perf_counter()

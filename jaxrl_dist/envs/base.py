@@ -6,7 +6,7 @@ from typing import Any, Protocol, Tuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_dist.types import EnvSpec, EpisodeStats, StepOut
+from jaxrl_dist.core.types import EnvSpec, EpisodeStats, StepOut
 
 
 class EnvMakeError(ValueError):

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.types import EnvSpec, StepOut
+from jaxrl_dist.core.types import EnvSpec, StepOut
 
 # Atari preprocessing beyond envpool's defaults (84x84 gray, 4-frame stack):
 # episodic life and reward clipping, the standard PPO Atari setting.

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.types import EnvSpec, StepOut
+from jaxrl_dist.core.types import EnvSpec, StepOut
 
 
 # gymnax imports its rendering libraries (seaborn pulls in scipy) at module

@@ -11,7 +11,7 @@
 Built in: `fixed`, `max`, `adapt` (reward ratio) and `ramp`. Another scheduler
 subclasses `Scheduler`, implements `propose(round_, history) -> float` (the base
 rounds it and clips it to `[min_shards, max_shards]`) and is registered in
-`BUILTIN` or under the entry-point group `jaxrl_dist.schedulers`.
+`BUILTIN` or under the entry-point group `jaxrl_dist.scheduling.schedulers`.
 
 A learned scheduler's view of a run is `learned.features` (`learned.FEATURES`).
 """
@@ -27,32 +27,11 @@ import numpy as np
 from jaxrl_dist.config import ConfigError
 
 GROUP = "jaxrl_dist.schedulers"
-BUILTIN = {"fixed": "jaxrl_dist.schedulers:FixedScheduler",
-           "max": "jaxrl_dist.schedulers:MaxScheduler",
-           "adapt": "jaxrl_dist.schedulers:AdaptScheduler",
-           "ramp": "jaxrl_dist.schedulers:RampScheduler",
-           "learned": "jaxrl_dist.learned:LearnedScheduler"}
-
-
-def check_config(cfg) -> None:
-    """Checks of `SchedulerConfig` on its own (run when it is built); the bound
-    against `backend.max_shards` is checked by `shard_range`."""
-    for key in ("min_shards", "window", "step", "every"):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"scheduler.{key} must be a positive integer, got {value!r}")
-    if cfg.max_shards is not None and (not isinstance(cfg.max_shards, int) or cfg.max_shards < 1):
-        raise ConfigError(f"scheduler.max_shards must be a positive integer or null, got {cfg.max_shards!r}")
-    if cfg.max_shards is not None and cfg.min_shards > cfg.max_shards:
-        raise ConfigError(f"scheduler.min_shards={cfg.min_shards} exceeds scheduler.max_shards={cfg.max_shards}")
-    for key in ("min_return", "max_return"):
-        value = getattr(cfg, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            raise ConfigError(f"scheduler.{key} must be a number or null, got {value!r}")
-    if None not in (cfg.min_return, cfg.max_return) and cfg.min_return >= cfg.max_return:
-        raise ConfigError(f"scheduler.min_return={cfg.min_return} must be below "
-                          f"scheduler.max_return={cfg.max_return}")
+BUILTIN = {"fixed": "jaxrl_dist.scheduling.schedulers:FixedScheduler",
+           "max": "jaxrl_dist.scheduling.schedulers:MaxScheduler",
+           "adapt": "jaxrl_dist.scheduling.schedulers:AdaptScheduler",
+           "ramp": "jaxrl_dist.scheduling.schedulers:RampScheduler",
+           "learned": "jaxrl_dist.scheduling.learned:LearnedScheduler"}
 
 
 def shard_range(cfg, backend_cfg) -> tuple:

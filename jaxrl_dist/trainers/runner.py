@@ -13,100 +13,22 @@ Times and `sps` describe this process; for a resumed run, the resumed part.
 """
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import functools
-import hashlib
 import json
-import os
-import resource
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Optional
 
 import jax
-import numpy as np
 
-from jaxrl_dist import checkpoint, fused
-from jaxrl_dist.config import Config, ConfigError, to_dict
+from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.logger import (MetricsLogger, chunk_records, final_returns, read_records,
-                               summary_table, truncate_records)
-
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-# low enough that a small train chunk is cached too; tiny eager ops stay out
-CACHE_MIN_COMPILE_SECS = 0.1
-
-
-def default_run_dir(now: Optional[datetime.datetime] = None) -> Path:
-    """`outputs/YYYY-MM-DD/HH-MM-SS` like Hydra's, with a suffix if taken."""
-    now = now or datetime.datetime.now()
-    base = Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
-    path, n = base, 1
-    while path.exists():
-        path, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return path
-
-
-def compile_cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "jaxrl-dist" / "xla"
-
-
-def enable_compile_cache(path: Optional[Path] = None) -> Path:
-    """Turn on JAX's persistent compilation cache so later runs skip most of the compile."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    path = Path(path or compile_cache_dir())
-    path.mkdir(parents=True, exist_ok=True)
-    if jax.config.jax_compilation_cache_dir != str(path):
-        jax.config.update("jax_compilation_cache_dir", str(path))
-        # the cache binds its directory on first use; rebind if it was used before
-        compilation_cache.reset_cache()
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECS)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor
-    return path
-
-
-def params_digest(params) -> str:
-    """sha256 of the msgpack bytes of numpy params: equal digests, equal weights."""
-    from flax import serialization
-
-    host = jax.tree.map(np.asarray, jax.device_get(params))
-    return hashlib.sha256(serialization.to_bytes(host)).hexdigest()
-
-
-def peak_rss_mb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
-
-
-def _has_checkpoints(run_dir: Path) -> bool:
-    ckpt = run_dir / checkpoint.CHECKPOINT_SUBDIR
-    return ckpt.is_dir() and any(ckpt.iterdir())
-
-
-def prepare_run(cfg: Config, run_dir=None) -> tuple:
-    """Resolve the run directory and, for `run.resume`, the saved config.
-
-    A resumed run takes its directory's `config.yaml`; only `run.progress` and
-    `run.compile_cache` (which cannot change results) come from `cfg`.
-    Returns `(cfg, run_dir, resuming)`.
-    """
-    if cfg.run.resume:
-        run_dir = Path(cfg.run.resume)
-        saved = checkpoint.load_run_config(run_dir)
-        run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
-                                  progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
-        return dataclasses.replace(saved, run=run), run_dir, True
-    run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
-    if _has_checkpoints(run_dir):
-        raise ConfigError(f"run.dir: {run_dir} already holds a run; continue it with "
-                          f"run.resume={run_dir} or pick another run.dir")
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
+from jaxrl_dist.trainers import checkpoint, fused
+from jaxrl_dist.trainers.asynchronous import train_async
+from jaxrl_dist.trainers.logger import MetricsLogger, chunk_records, final_returns, read_records, truncate_records
+from jaxrl_dist.trainers.rundir import (METRICS_FILE, SUMMARY_FILE, compile_cache_dir, default_run_dir,
+                                        enable_compile_cache, params_digest, peak_rss_mb, prepare_run,
+                                        print_summary)
+from jaxrl_dist.trainers.sync import train_rounds
 
 
 def _init_runner(setup, env, seed: int):
@@ -227,12 +149,8 @@ def train(cfg: Config, run_dir=None) -> dict:
     if cfg.run.compile_cache:
         enable_compile_cache()
     if cfg.trainer == "async":
-        from jaxrl_dist.asynchronous import train_async
-
         return train_async(cfg, run_dir, resuming, t_start)
     if cfg.backend.name != "fused":
-        from jaxrl_dist.rounds import train_rounds
-
         return train_rounds(cfg, run_dir, resuming, t_start)
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)
@@ -258,14 +176,8 @@ def train(cfg: Config, run_dir=None) -> dict:
     times = {"compile": compile_s, "train": t2 - t1, "wall": time.perf_counter() - t_start}
     summary = _summary(cfg, setup, runner, history + records, times, start)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    _print_summary(summary)
+    print_summary(summary)
     return summary
-
-
-def _print_summary(summary: dict) -> None:
-    from rich.console import Console
-
-    Console().print(summary_table(summary))
 
 
 __all__ = ["train", "prepare_run", "enable_compile_cache", "compile_cache_dir", "params_digest",

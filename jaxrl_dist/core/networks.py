@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.types import EnvSpec
+from jaxrl_dist.core.types import EnvSpec
 
 
 class PolicyOut(NamedTuple):

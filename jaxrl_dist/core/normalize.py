@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_dist.types import NormState, RunningMoments
+from jaxrl_dist.core.types import NormState, RunningMoments
 
 _EPS = 1e-8
 

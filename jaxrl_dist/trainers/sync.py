@@ -11,7 +11,7 @@ The run directory holds what the fused trainer writes (`config.yaml`,
 `summary.json`). A round's record adds `num_shards`, shard duration
 min/median/max, `dispatch_s`, `transfer_s`, `wait_s`, `learn_s`, `round_s`,
 bytes sent and received, retries and slot resets, and the cost model's
-modeled seconds and dollars with both clocks' running totals (`jaxrl_dist.cost`).
+modeled seconds and dollars with both clocks' running totals (`jaxrl_dist.scheduling.cost`).
 The run stops at `algo.total_timesteps` or a `run.*` stop condition: target
 reached (with `run.stop_at_target`), budget, or `run.max_rounds`.
 """
@@ -28,89 +28,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist import checkpoint, ppo, rng
+from jaxrl_dist.trainers import checkpoint
+from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
-from jaxrl_dist.cost import TIME_KEYS, USD_KEYS, CostAccount
-from jaxrl_dist.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
-from jaxrl_dist.schedulers import make_scheduler
-from jaxrl_dist.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
-from jaxrl_dist.types import TrainState
-
-
-class Learner(NamedTuple):
-    """The learner's static pieces."""
-
-    program: ShardProgram  # env spec, network, slot init
-    tx: Any
-    update: Any  # jitted (train, traj[T,K,B], boot[K,B], n, key) -> (train, metrics)
-    num_rounds: int  # rounds the LR schedule and the run are sized for
-    steps_per_shard: int
-    update_fn: Any = None  # `update`, not jitted
-
-
-def _metrics(traj) -> dict:
-    count = traj.done.sum().astype(jnp.float32)
-    ret_sum = traj.done_return.sum()
-    return {"episode_return_sum": ret_sum, "episodes": count,
-            "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
-
-
-def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
-    """`learn(train, traj[T,K,B], boot[K,B], n, key, lag=None) -> (train, metrics)`, not
-    jitted (the learned scheduler's training runs it inside its own program).
-    `lag` (`[K]`, the async trainer's): params versions each shard's data lags
-    the learner by; shards with a lag get the off-policy correction."""
-    update = ppo.make_update(apply_fn, opts._replace(masked=True))
-
-    def learn(train: TrainState, traj, boot, n, key, lag=None):
-        K = boot.shape[0]
-        real = (jnp.arange(K) < n)[None, :, None]
-        traj = traj._replace(valid=traj.valid & real, done=traj.done & real,
-                             done_return=jnp.where(real, traj.done_return, 0.0))
-        flat = jax.tree.map(lambda x: x.reshape((x.shape[0], -1) + x.shape[3:]), traj)
-        by_sample = lambda m: jnp.broadcast_to(m, traj.valid.shape).reshape(flat.valid.shape)  # noqa: E731
-        stale = None if lag is None else by_sample((jnp.asarray(lag) > 0)[None, :, None])
-        train, metrics = update(train, flat, boot.reshape(-1), key, by_sample(real), stale)
-        metrics.update(_metrics(flat))
-        return train, metrics
-
-    return learn
-
-
-def grad_steps(a, num_rounds: int) -> int:
-    """Optimiser steps the LR schedule decays over: by samples under `algo.minibatch_size`
-    (a round of n shards takes n times the steps), else a fixed count per round."""
-    if a.minibatch_size:
-        return a.update_epochs * (a.total_timesteps // a.minibatch_size)
-    return num_rounds * a.update_epochs * a.num_minibatches
-
-
-def make_learner(cfg: Config, program: ShardProgram, expected_shards: float) -> Learner:
-    a, spec = cfg.algo, program.env.spec
-    steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
-    num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
-    steps = grad_steps(a, num_rounds)
-    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, steps if a.anneal_lr else 0)
-    opts = ppo.options(a, spec.discrete, True,
-                       program.network.torso == "cnn" and jax.default_backend() == "cpu",
-                       a.num_minibatches, a.minibatch_size or 0,
-                       cfg.asynchronous.rho_bar, cfg.asynchronous.c_bar)
-    fn = make_learn_fn(program.network.apply, opts)
-    return Learner(program, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
-
-
-def init_train(learner: Learner, seed: int) -> TrainState:
-    return init_train_from_key(learner, jax.random.fold_in(rng.key(seed), 3))
-
-
-def init_train_from_key(learner: Learner, key) -> TrainState:
-    spec = learner.program.env.spec
-    dummy = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
-    params = learner.program.network.init(key, dummy)
-    return TrainState(params=params, opt_state=learner.tx.init(params),
-                      step=jnp.zeros((), jnp.int32), apply_fn=learner.program.network.apply,
-                      tx=learner.tx)
+from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
+from jaxrl_dist.trainers.rundir import METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary
+from jaxrl_dist.trainers.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
+from jaxrl_dist.scheduling.schedulers import make_scheduler
+from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
+from jaxrl_dist.core.learner import init_train, make_learner
+from jaxrl_dist.core.types import TrainState
+from jaxrl_dist.scheduling.target import TARGET_ROUNDS, reached, recent_return
+from jaxrl_dist.backends import wire
+from jaxrl_dist.envs import resolve_suite
 
 
 def init_table(program: ShardProgram, seed: int, max_shards: int) -> Optional[SlotTable]:
@@ -201,33 +132,12 @@ def cost_fields(rc, cold: int, modeled_now: float, usd: float, wall_s: float) ->
     return rec
 
 
-TARGET_ROUNDS = 16  # rounds at most that `recent_return` averages over
-
-
-def recent_return(sums, counts, min_episodes: int, xp=np):
-    """Mean return of the latest episodes: whole rounds, newest first (`sums[W]`,
-    `counts[W]`, index 0 the latest round), back until `min_episodes` episodes
-    are in. One lucky episode in a small round is not "the target reached".
-    NaN without any episode. Array ops only: the scheduling MDP runs it under jit."""
-    before = xp.cumsum(counts) - counts  # episodes in the newer rounds
-    take = before < min_episodes
-    total = xp.sum(xp.where(take, counts, 0.0))
-    return xp.where(total > 0, xp.sum(xp.where(take, sums, 0.0)) / xp.maximum(total, 1.0), xp.nan)
-
-
 def recent_return_of(records: list, min_episodes: int):
     """`recent_return` over round records (their first seed); None without episodes."""
     last = records[-TARGET_ROUNDS:][::-1]
     sums = np.array([r["episode_return_sum"][0] for r in last], np.float64)
     counts = np.array([r["episodes"][0] for r in last], np.float64)
     return nan_to_none(recent_return(sums, counts, min_episodes)) if last else None
-
-
-def reached(rec: dict, target) -> bool:
-    """Whether a round's recent return (`return_recent`) reached `run.target_return`
-    (never without a target)."""
-    ret = rec.get("return_recent")
-    return target is not None and ret is not None and ret >= target
 
 
 def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
@@ -263,7 +173,7 @@ class RoundTrainer:
         self.spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
         self.program = probe if self.spec == probe.spec else ShardProgram(self.spec)
         self.expected = self._expected_shards()
-        self.learner = make_learner(cfg, self.program, self.expected)
+        self.learner = make_learner(cfg, self.program.network, self.program.env.spec, self.expected)
         self.backend = make_backend(cfg.backend)
         self.ckpt = checkpoint.Checkpointer(run_dir)
         self.state = self._start(resuming)
@@ -284,8 +194,6 @@ class RoundTrainer:
     def _warm_learner(self, train) -> threading.Thread:
         """Compile the learner for the expected shard count on zeros, in a thread, so
         the compile overlaps the first round (actor start-up, the shards' compile)."""
-        from jaxrl_dist import wire
-
         k = bucket(max(1, round(self.expected)), self.cfg.backend.max_shards)
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros((s.shape[0], k) + tuple(s.shape[1:]), s.dtype)  # noqa: E731
@@ -402,8 +310,6 @@ class RoundTrainer:
 
 
 def _suite(cfg: Config) -> str:
-    from jaxrl_dist.envs import resolve_suite
-
     return resolve_suite(cfg.env.id, cfg.env.suite)
 
 
@@ -428,8 +334,6 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
                  trainer_cls=None) -> dict:
     """Train with the round trainer (or `trainer_cls`, the async one); called by
     `runner.train` for shard backends."""
-    from jaxrl_dist.runner import METRICS_FILE, SUMMARY_FILE, _print_summary, params_digest, peak_rss_mb
-
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
@@ -472,5 +376,5 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
     summary.update(trainer.summary())
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    _print_summary(summary)
+    print_summary(summary)
     return summary

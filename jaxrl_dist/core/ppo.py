@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jaxrl_dist import networks
-from jaxrl_dist.types import TrainState, Transition
+from jaxrl_dist.core import networks
+from jaxrl_dist.core.types import TrainState, Transition
 
 
 class PPOOptions(NamedTuple):
@@ -30,7 +30,7 @@ class PPOOptions(NamedTuple):
     norm_adv: bool = True
     discrete: bool = True
     masked: bool = False  # some transitions are invalid (envpool reset steps)
-    unroll: bool = False  # unroll the minibatch loop (see `fused.needs_loop_free`)
+    unroll: bool = False  # unroll the minibatch loop (see `learner.loop_free`)
     minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
     rho_bar: float = 1.0  # stale samples: truncation of the V-trace importance weights ...
     c_bar: float = 1.0  # ... and of its trace coefficients (see `make_batch`)

@@ -10,9 +10,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_dist import networks, normalize
+from jaxrl_dist.core import networks, normalize
 from jaxrl_dist.envs import init_episodes, track_episodes
-from jaxrl_dist.types import ActorState, Transition
+from jaxrl_dist.core.types import ActorState, Transition
 
 
 class RolloutOptions(NamedTuple):

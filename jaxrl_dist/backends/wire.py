@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.shard import ShardError, ShardOutput, ShardSpec, Timings
+from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings
 
 VERSION = 1
 

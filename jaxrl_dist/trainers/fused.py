@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jaxrl_dist import ppo, rng
+from jaxrl_dist.core import learner, ppo, rng
 from jaxrl_dist.config import Config, Derived, derive, num_minibatches
-from jaxrl_dist.networks import make_network
-from jaxrl_dist.rollout import RolloutOptions, init_actor, make_rollout
-from jaxrl_dist.types import RunnerState, TrainState
+from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
+from jaxrl_dist.core.types import RunnerState
 
 
 class Setup(NamedTuple):
@@ -34,59 +34,31 @@ class Setup(NamedTuple):
     loop_free: bool = False  # each chunk is one update with unrolled minibatches
 
 
-def needs_loop_free(network, spec) -> bool:
-    """Whether the update must stay out of XLA loops on this backend.
-
-    On CPU, convolution gradients inside a `while` loop run about 20x slower
-    than the same ops outside one (measured: 4 Nature-CNN minibatch steps take
-    54 s in a `lax.scan`, 3 s unrolled). CNN updates are therefore unrolled
-    and a chunk holds a single update; the rollout scan only runs the forward
-    pass, which is unaffected.
-    """
-    cnn = network.torso == "cnn"
-    return cnn and jax.default_backend() == "cpu"
-
-
 def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
     network = make_network(spec, a.network, a.hidden_sizes, a.activation)
     m = num_minibatches(a, derived.batch_size)
     grad_steps = derived.num_updates * a.update_epochs * m
-    tx = ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
+    tx = learner.make_optimizer(a, grad_steps)
     ropts = RolloutOptions(a.num_steps, cfg.num_seeds, derived.normalize_obs,
                            derived.normalize_reward, a.gamma, cfg.env.clip_obs,
                            cfg.env.clip_reward, unroll)
-    loop_free = needs_loop_free(network, spec)
+    loop_free = learner.loop_free(network)
     # the fused batch is never padded: minibatch_size only sets the count `m`
     popts = ppo.options(a, spec.discrete, spec.delayed_reset, loop_free, m)
     return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
-
-
-def init_train_state(setup: Setup, spec, key) -> TrainState:
-    """Parameters and optimiser state of one seed."""
-    dummy = jnp.zeros((1,) + tuple(spec.obs_shape), spec.obs_dtype)
-    params = setup.network.init(key, dummy)
-    return TrainState(params=params, opt_state=setup.tx.init(params), step=jnp.zeros((), jnp.int32),
-                      apply_fn=setup.network.apply, tx=setup.tx)
 
 
 def init_runner(setup: Setup, env, seed: int) -> RunnerState:
     """Fresh state for `num_seeds` seeds; resets the env (host side for envpool)."""
     S = setup.cfg.num_seeds
     init_key, env_key, run_key = jax.random.split(rng.key(seed), 3)
-    train = jax.vmap(lambda k: init_train_state(setup, env.spec, k))(jax.random.split(init_key, S))
+    init = lambda k: learner.init_train_state(setup.network, setup.tx, env.spec, k)  # noqa: E731
+    train = jax.vmap(init)(jax.random.split(init_key, S))
     actor = init_actor(env, env_key, S)
     keys = rng.unwrap(jax.random.split(run_key, S))
     return RunnerState(train, actor, keys, jnp.zeros((), jnp.int32))
-
-
-def _episode_metrics(traj) -> dict:
-    """Per-seed sum and count of the episodes completed in this rollout."""
-    ret_sum = traj.done_return.sum(axis=(0, 2))
-    count = traj.done.sum(axis=(0, 2)).astype(jnp.float32)
-    return {"episode_return_sum": ret_sum, "episodes": count,
-            "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
 
 
 def make_update_step(setup: Setup, env):
@@ -100,7 +72,7 @@ def make_update_step(setup: Setup, env):
         actor, traj, last_value = rollout(runner.train.params, runner.actor, keys[:, 1])
         seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
         train, metrics = update(runner.train, seed_major, last_value, keys[:, 2])
-        metrics.update(_episode_metrics(traj))
+        metrics.update(learner.episode_metrics(traj.done_return, traj.done, axis=(0, 2)))
         return RunnerState(train, actor, rng.unwrap(keys[:, 0]), runner.update + 1), metrics
 
     return step

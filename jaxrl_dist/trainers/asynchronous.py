@@ -63,11 +63,12 @@ import numpy as np
 
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, run_shard
 from jaxrl_dist.config import Config
-from jaxrl_dist.shard import learn_key
-from jaxrl_dist.cost import AsyncAccount
-from jaxrl_dist.logger import LOSS_KEYS, nan_to_none
-from jaxrl_dist.rounds import (RoundTrainer, TrainState, charged_bytes, cost_fields, init_table,
+from jaxrl_dist.backends.shard import learn_key
+from jaxrl_dist.scheduling.cost import AsyncAccount
+from jaxrl_dist.trainers.logger import LOSS_KEYS, nan_to_none
+from jaxrl_dist.trainers.sync import (RoundTrainer, train_rounds, TrainState, charged_bytes, cost_fields, init_table,
                                init_train, recent_return_of, round_keys, shard_seconds, straggle)
+from jaxrl_dist.backends import wire
 
 
 class AsyncState(NamedTuple):
@@ -317,8 +318,6 @@ class AsyncTrainer(RoundTrainer):
         every update takes the corrected variant: a chunk with lag 0 gets weights of
         exactly 1 and its own values there, so it is GAE, and one program compiles
         at start-up instead of two."""
-        from jaxrl_dist import wire
-
         self._learn_chunks = self._learn_fn()
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
@@ -565,6 +564,4 @@ class AsyncTrainer(RoundTrainer):
 
 def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
     """Train with the async trainer; called by `runner.train` for `trainer=async`."""
-    from jaxrl_dist.rounds import train_rounds
-
     return train_rounds(cfg, run_dir, resuming, t_start, AsyncTrainer)

@@ -28,11 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist import rng
+from jaxrl_dist.core import rng
 from jaxrl_dist.config import Config, derive
-from jaxrl_dist.networks import make_network
-from jaxrl_dist.rollout import RolloutOptions, init_actor, make_rollout
-from jaxrl_dist.types import ActorState, Transition
+from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
+from jaxrl_dist.core.types import ActorState, Transition
+from jaxrl_dist.envs import make_env
 
 # fold_in streams under the run's seed key
 _SHARD_STREAM, _LEARN_STREAM, _SLOT_INIT_STREAM = 0, 1, 2
@@ -175,8 +176,6 @@ class ShardProgram:
     """One spec's env, network and jitted rollouts (single shard and `k` stacked)."""
 
     def __init__(self, spec: ShardSpec, env_seed: int = 0):
-        from jaxrl_dist.envs import make_env
-
         self.spec = spec
         self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
                             json.loads(spec.env_kwargs))

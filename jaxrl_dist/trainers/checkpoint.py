@@ -25,7 +25,7 @@ from typing import Optional
 import jax
 
 from jaxrl_dist.config import Config, ConfigError, from_dict
-from jaxrl_dist.types import RunnerState
+from jaxrl_dist.core.types import RunnerState
 
 CHECKPOINT_SUBDIR = "checkpoints"
 CONFIG_FILE = "config.yaml"

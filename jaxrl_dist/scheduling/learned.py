@@ -1,0 +1,107 @@
+"""The learned scheduler at run time: a trained policy file (params and what it was
+trained for), its greedy shard count from a run's round features, and the presets
+shipped per task. It is trained on the scheduling MDP (`scheduling.mdp`) by
+`jaxrl_dist.scheduler_training`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxrl_dist.config import ConfigError
+from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.core.types import EnvSpec
+from jaxrl_dist.scheduling.mdp import FEATURES, Scale, features, obs_from_records
+
+PRESETS = Path(__file__).resolve().parents[1] / "presets" / "schedulers"
+
+class Trained(NamedTuple):
+    """A scheduler checkpoint: policy params and what they were trained for."""
+
+    params: Any
+    meta: dict  # env_id, cost, max_shards, scale, options, features, hidden_sizes
+
+def save(trained: Trained, path) -> Path:
+    """A small msgpack file (flax.serialization): params plus JSON metadata."""
+    from flax import serialization
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(serialization.msgpack_serialize(
+        {"params": serialization.to_state_dict(trained.params), "meta": json.dumps(trained.meta)}))
+    return path
+
+def load(path) -> Trained:
+    from flax import serialization
+
+    data = serialization.msgpack_restore(Path(path).read_bytes())
+    return Trained(data["params"], json.loads(data["meta"]))
+
+def policy(trained: Trained):
+    """`act(features[F]) -> n`: the greedy shard count of a trained scheduler."""
+    m = trained.meta
+    spec = EnvSpec("scheduler", "gymnax", (len(FEATURES),), np.float32, True, m["max_shards"])
+    net = make_network(spec, "mlp", tuple(m["hidden_sizes"]), m["activation"])
+    apply = jax.jit(net.apply)
+
+    def act(x) -> int:
+        return int(np.argmax(np.asarray(apply(trained.params, x[None]).logits[0]))) + 1
+
+    return act
+
+class LearnedScheduler:
+    """`scheduler=learned`: the trained policy's greedy n from the last round's features.
+
+    Loads `scheduler.path`, else the preset shipped for `env.id`, else (with a
+    note) the CartPole-v1 preset. A scheduler trained on another task sees this
+    task's returns scaled by its own range (`scale_for`).
+    """
+
+    name = "learned"
+
+    def __init__(self, cfg, backend_cfg, full=None):
+        env_id = full.env.id if full is not None else "CartPole-v1"
+        path = Path(cfg.path) if cfg.path else preset_path(env_id)
+        if not cfg.path and not path.is_file():
+            print(f"note: no scheduler preset for env.id {env_id!r}; using {FALLBACK}'s "
+                  f"(train one with `jaxrl-dist scheduler train`)", file=sys.stderr)
+            path = preset_path(FALLBACK)
+        if not path.is_file():
+            raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
+        trained = load(path)
+        M = trained.meta["max_shards"]
+        if M > backend_cfg.max_shards:
+            raise ConfigError(f"backend.max_shards={backend_cfg.max_shards} is below the "
+                              f"{M} shards the scheduler in {path} chooses from")
+        self.trained, self.act = trained, policy(trained)
+        self.scale = scale_for(trained, full)
+
+    def num_shards(self, round_: int, history: list, budget_left: float = 1.0) -> int:
+        obs = obs_from_records(history, self.scale, budget_left)
+        return self.act(np.asarray(features(obs, self.scale, np)))
+
+    def expected_shards(self) -> float:
+        return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
+
+FALLBACK = "CartPole-v1"
+
+def scale_for(trained: Trained, full=None) -> Scale:
+    """The trained scale, with the return range of the task it now schedules when that
+    is another task: `scheduler.min_return` (or 0) up to `run.target_return` (or
+    `scheduler.max_return`)."""
+    s = Scale(**trained.meta["scale"])
+    if full is None or trained.meta["env_id"] == full.env.id:
+        return s
+    hi = full.run.target_return if full.run.target_return is not None else full.scheduler.max_return
+    if hi is None:
+        raise ConfigError(f"run.target_return: the scheduler was trained on {trained.meta['env_id']}; "
+                          f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
+    lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
+    return s._replace(return_lo=float(lo), return_hi=float(hi))
+
+def preset_path(env_id: str) -> Path:
+    return PRESETS / f"{env_id}.msgpack"

@@ -1,0 +1,206 @@
+"""The learned scheduler: a flax policy over round features, trained with the core PPO.
+
+Training runs on a *scheduling MDP* (`SchedulingEnv`, an ordinary env adapter):
+an episode is one whole training run of the task; each step is one round whose
+action `a` runs `n = a + 1` shards. The inner run is the round trainer's own
+math in JAX (the local backend's round function and the learner's update,
+padded to `M = scheduler.max_shards` slots and masked, so `n` never
+recompiles), vmapped over episodes, on the *modeled* clock: a shard's seconds
+come from a latency profile (`Profile`), a round's seconds and dollars from
+the cost model (`cost.round_cost`). The scheduler itself then trains with
+`fused.make_train_chunk`, the same PPO as every task. Profiles come from
+`jaxrl-dist calibrate` (`jaxrl_dist.calibrate`); one ships per calibrated env
+under `presets/profiles/`, and `Profile()`'s defaults stand in elsewhere.
+
+Reward per round: `-(w * modeled_s / ref_s + (1 - w) * usd / ref_usd)`, where
+`ref_s` and `ref_usd` are one round at `M` shards (so a round costs about -1
+at most) and `w = scheduler.time_weight`; reaching `run.target_return` ends
+the episode with `+scheduler.target_bonus`. An episode that reaches
+`scheduler.max_rounds` is truncated (it bootstraps; no bonus).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import jax.numpy as jnp
+
+from jaxrl_dist.backends.local import make_round_body
+from jaxrl_dist.backends.shard import ShardProgram, spec_from_config
+from jaxrl_dist.config import ConfigError
+from jaxrl_dist.core import rng
+from jaxrl_dist.core.learner import init_train_from_key, make_learner
+from jaxrl_dist.core.types import EnvSpec, StepOut
+from jaxrl_dist.envs import resolve_suite
+from jaxrl_dist.scheduling import cost
+from jaxrl_dist.scheduling.profile import Profile
+from jaxrl_dist.scheduling.target import TARGET_ROUNDS, recent_return
+
+FEATURES = ("round_frac", "loss", "return", "approx_kl", "learn_frac", "actor_frac",
+            "round_s", "budget_left", "n_frac")
+
+class Scale(NamedTuple):
+    """Per-task normalisers of the features, fixed when the scheduler is trained."""
+
+    return_lo: float
+    return_hi: float
+    max_rounds: int
+    max_shards: int
+
+class RoundObs(NamedTuple):
+    """The raw per-round quantities a scheduler sees (scalars; numpy or jnp)."""
+
+    round: Any
+    loss: Any
+    ret: Any
+    approx_kl: Any
+    learn_s: Any
+    actor_s: Any
+    round_s: Any
+    budget_left: Any
+    n: Any
+
+def features(o: RoundObs, s: Scale, xp=jnp):
+    """`[F]` float32, each roughly in [0, 1] or [-1, 1], so one network moves between tasks."""
+    span = max(s.return_hi - s.return_lo, 1e-6)
+    t = xp.maximum(o.round_s, 1e-6)
+    return xp.stack([
+        xp.minimum(o.round / s.max_rounds, 1.0),
+        xp.tanh(o.loss / 10.0),
+        xp.clip((o.ret - s.return_lo) / span, -1.0, 2.0),
+        xp.tanh(o.approx_kl * 100.0),
+        xp.clip(o.learn_s / t, 0.0, 1.0),
+        xp.clip(o.actor_s / t, 0.0, 1.0),
+        xp.tanh(xp.log1p(o.round_s)),
+        xp.clip(o.budget_left, 0.0, 1.0),
+        o.n / s.max_shards,
+    ]).astype(xp.float32)
+
+def obs_from_records(history: list, s: Scale, budget_left: float = 1.0) -> RoundObs:
+    """The latest round's `RoundObs` from the round trainer's records (zeros before any)."""
+    if not history:
+        return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, budget_left, 0.0)
+    last = history[-1]
+    ret = next((r["return_recent"] for r in reversed(history) if r.get("return_recent") is not None),
+               s.return_lo)
+    return RoundObs(float(len(history)), last.get("loss") or 0.0, ret, last.get("approx_kl") or 0.0,
+                    last["learn_s"], last.get("busy_s", 0.0), last["round_s"], budget_left,
+                    float(last["num_shards"]))
+
+class Inner(NamedTuple):
+    """One episode of the scheduling MDP: a task's training run, mid-way."""
+
+    train: Any  # the task's TrainState
+    table: Any  # its slots' states, leaves [M, ...]
+    clock: Any  # cost.SlotClock on the modeled clock
+    usd: Any  # dollars so far
+    obs: RoundObs  # what the scheduler saw after the last round
+    key: Any
+    sums: Any  # [rounds.TARGET_ROUNDS] episode return sums of the latest rounds, newest first
+    counts: Any  # their episode counts
+
+class SchedOptions(NamedTuple):
+    """Static settings of the scheduling MDP."""
+
+    max_shards: int
+    max_rounds: int
+    target_return: float
+    time_weight: float
+    target_bonus: float
+    profile: Profile
+    scale: Scale
+
+class SchedulingEnv:
+    """`num_envs` parallel training runs of one task; the action is the next round's `n - 1`.
+
+    Follows `envs.base.EnvAdapter`, so the core rollout and PPO train on it
+    unchanged. The task's learner, slots and round function are the round
+    trainer's (`core.learner.make_learner`, `trainers.sync.init_table`, the local backend's
+    round body), closed over and vmapped over episodes.
+    """
+
+    def __init__(self, task_cfg, cost_cfg, opts: SchedOptions, num_envs: int):
+
+        self.task_cfg, self.cost_cfg, self.opts, self.num_envs = task_cfg, cost_cfg, opts, num_envs
+        suite = resolve_suite(task_cfg.env.id, task_cfg.env.suite)
+        if suite != "gymnax":  # the inner runs are vmapped JAX programs: no C++ envs inside
+            raise ConfigError(f"env.id: the scheduling MDP runs the task in JAX (gymnax); {task_cfg.env.id} "
+                              f"runs on {suite}: schedule it with a gymnax task's scheduler")
+        self.program = ShardProgram(spec_from_config(task_cfg, suite, False))
+        M = opts.max_shards
+        self.learner = make_learner(task_cfg, self.program.network, self.program.env.spec, M / 2)
+        self.round_body = make_round_body(self.program, M)
+        self.spec = EnvSpec(f"scheduler/{task_cfg.env.id}", "gymnax", (len(FEATURES),), jnp.float32,
+                            True, M)
+        self.steps_per_shard = task_cfg.backend.envs_per_shard * task_cfg.algo.num_steps
+        self.ref = self._reference()
+
+    def _reference(self) -> tuple:
+        """Seconds and dollars of one warm round at `M` shards: the reward's units."""
+        M, p = self.opts.max_shards, self.opts.profile
+        # cold, as a round after an idle gap longer than keep_warm_s is billed
+        rc = cost.round_cost(self.cost_cfg, M, np.full((M,), p.step_s * self.task_cfg.algo.num_steps),
+                             M * p.bytes_per_shard,
+                             p.learn_s_fixed + p.learn_s_per_sample * M * self.steps_per_shard, True)
+        return max(float(rc.modeled_s), 1e-9), max(float(rc.usd), 1e-12)
+
+    def _init_one(self, key) -> Inner:
+        M = self.opts.max_shards
+        k_train, k_slots, k_next = jax.random.split(key, 3)
+        train = init_train_from_key(self.learner, k_train)
+        table = jax.vmap(lambda k: self.program.init_slot(k))(jax.random.split(k_slots, M))
+        clock = cost.SlotClock(jnp.zeros(()), jnp.full((M,), -jnp.inf))
+        s = self.opts.scale
+        obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
+            ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()))
+        window = jnp.zeros((TARGET_ROUNDS,))
+        return Inner(train, table, clock, jnp.zeros(()), obs, k_next, window, window)
+
+    def reset(self, key):
+        inner = jax.vmap(self._init_one)(jax.random.split(key, self.num_envs))
+        return inner, jax.vmap(lambda o: features(o, self.opts.scale))(inner.obs)
+
+    def _round(self, inner: Inner, n):
+        """One task round of `n` shards on the modeled clock: `(inner, RoundCost, return)`."""
+        M, p, T = self.opts.max_shards, self.opts.profile, self.task_cfg.algo.num_steps
+        key, k_shards, k_learn, k_jitter = jax.random.split(inner.key, 4)
+        idx = jnp.where(jnp.arange(M) < n, jnp.arange(M), M)
+        keys = rng.unwrap(jax.random.split(k_shards, M))
+        table, traj, boot = self.round_body(inner.train.params, inner.table, idx, keys)
+        train, m = self.learner.update_fn(inner.train, traj, boot, n, k_learn)
+        jitter = jnp.exp(p.jitter_cv * jax.random.normal(k_jitter, (M,)))
+        shard_s = p.step_s * T * jitter
+        learn_s = p.learn_s_fixed + p.learn_s_per_sample * n * self.steps_per_shard
+        cold = cost.cold_slots(self.cost_cfg, inner.clock)
+        rc = cost.round_cost(self.cost_cfg, n, shard_s, n * p.bytes_per_shard, learn_s, cold)
+        sums = jnp.roll(inner.sums, 1).at[0].set(m["episode_return_sum"])
+        counts = jnp.roll(inner.counts, 1).at[0].set(m["episodes"])
+        recent = recent_return(sums, counts, self.task_cfg.run.target_episodes, jnp)
+        ret = jnp.where(jnp.isnan(recent), inner.obs.ret, recent)
+        obs = RoundObs(inner.obs.round + 1, m["loss"], ret, m["approx_kl"], learn_s,
+                       jnp.max(jnp.where(jnp.arange(M) < n, shard_s, 0.0)), rc.modeled_s,
+                       jnp.ones(()), n.astype(jnp.float32))
+        clock = cost.advance(inner.clock, n, rc)
+        return Inner(train, table, clock, inner.usd + rc.usd, obs, key, sums, counts), rc, ret
+
+    def _step_one(self, inner: Inner, action, key):
+        o, s = self.opts, self.opts.scale
+        n = jnp.clip(action + 1, 1, o.max_shards).astype(jnp.int32)
+        new, rc, ret = self._round(inner, n)
+        ref_s, ref_usd = self.ref
+        reached = ret >= o.target_return
+        truncated = (new.obs.round >= o.max_rounds) & ~reached
+        reward = -(o.time_weight * rc.modeled_s / ref_s + (1 - o.time_weight) * rc.usd / ref_usd)
+        reward = reward + jnp.where(reached, o.target_bonus, 0.0)
+        final = features(new.obs, s)
+        done = reached | truncated
+        fresh = self._init_one(key)
+        nxt = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, new)
+        out = StepOut(features(nxt.obs, s), final, reward.astype(jnp.float32), reached, truncated,
+                      jnp.ones((), bool), reward.astype(jnp.float32), done)
+        return nxt, out
+
+    def step(self, state: Inner, action, key):
+        keys = key if key.ndim >= 1 and key.shape[0] == self.num_envs else jax.random.split(key, self.num_envs)
+        return jax.vmap(self._step_one)(state, action, keys)

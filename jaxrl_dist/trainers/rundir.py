@@ -1,0 +1,100 @@
+"""The run directory and what every trainer writes into it: the files' names, the
+directory (fresh, or a run to resume), the compile cache, the params digest, and the
+summary table."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Optional
+
+import jax
+import numpy as np
+
+from jaxrl_dist.config import Config, ConfigError
+from jaxrl_dist.trainers import checkpoint
+from jaxrl_dist.trainers.logger import summary_table
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+# low enough that a small train chunk is cached too; tiny eager ops stay out
+CACHE_MIN_COMPILE_SECS = 0.1
+
+
+def default_run_dir(now: Optional[datetime.datetime] = None) -> Path:
+    """`outputs/YYYY-MM-DD/HH-MM-SS` like Hydra's, with a suffix if taken."""
+    now = now or datetime.datetime.now()
+    base = Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return path
+
+
+def compile_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "jaxrl-dist" / "xla"
+
+
+def enable_compile_cache(path: Optional[Path] = None) -> Path:
+    """Turn on JAX's persistent compilation cache so later runs skip most of the compile."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    path = Path(path or compile_cache_dir())
+    path.mkdir(parents=True, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir != str(path):
+        jax.config.update("jax_compilation_cache_dir", str(path))
+        # the cache binds its directory on first use; rebind if it was used before
+        compilation_cache.reset_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECS)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor
+    return path
+
+
+def params_digest(params) -> str:
+    """sha256 of the msgpack bytes of numpy params: equal digests, equal weights."""
+    from flax import serialization
+
+    host = jax.tree.map(np.asarray, jax.device_get(params))
+    return hashlib.sha256(serialization.to_bytes(host)).hexdigest()
+
+
+def peak_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+def _has_checkpoints(run_dir: Path) -> bool:
+    ckpt = run_dir / checkpoint.CHECKPOINT_SUBDIR
+    return ckpt.is_dir() and any(ckpt.iterdir())
+
+
+def prepare_run(cfg: Config, run_dir=None) -> tuple:
+    """Resolve the run directory and, for `run.resume`, the saved config.
+
+    A resumed run takes its directory's `config.yaml`; only `run.progress` and
+    `run.compile_cache` (which cannot change results) come from `cfg`.
+    Returns `(cfg, run_dir, resuming)`.
+    """
+    if cfg.run.resume:
+        run_dir = Path(cfg.run.resume)
+        saved = checkpoint.load_run_config(run_dir)
+        run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
+                                  progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
+        return dataclasses.replace(saved, run=run), run_dir, True
+    run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
+    if _has_checkpoints(run_dir):
+        raise ConfigError(f"run.dir: {run_dir} already holds a run; continue it with "
+                          f"run.resume={run_dir} or pick another run.dir")
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
+
+
+
+def print_summary(summary: dict) -> None:
+    from rich.console import Console
+
+    Console().print(summary_table(summary))
