@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_dist.envs import EnvMakeError, init_episodes, make_env, track_episodes
+from jaxrl_dist.core.rollout import init_episodes, track_episodes
+from jaxrl_dist.envs import EnvMakeError, make_env
 from jaxrl_dist.core.networks import make_network, sample_action
 from jaxrl_dist.core.types import EnvSpec, StepOut
 

@@ -11,8 +11,26 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_dist.core import networks, normalize
-from jaxrl_dist.envs import init_episodes, track_episodes
-from jaxrl_dist.core.types import ActorState, Transition
+from jaxrl_dist.core.types import ActorState, EpisodeStats, StepOut, Transition
+
+
+
+def init_episodes(num_envs: int) -> EpisodeStats:
+    return EpisodeStats(jnp.zeros((num_envs,), jnp.float32), jnp.zeros((num_envs,), jnp.int32))
+
+
+def track_episodes(stats: EpisodeStats, out: StepOut):
+    """Accumulate episode return/length across auto-resets.
+
+    Returns the new stats, the return of each episode that ended on this step
+    (0 elsewhere) and the `[N]` mask of those ends.
+    """
+    ret = stats.ep_return + out.log_reward * out.valid
+    length = stats.ep_length + out.valid.astype(jnp.int32)
+    end = out.episode_end & out.valid
+    done_return = jnp.where(end, ret, 0.0)
+    new = EpisodeStats(jnp.where(end, 0.0, ret), jnp.where(end, 0, length))
+    return new, done_return, end
 
 
 class RolloutOptions(NamedTuple):

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError, init_episodes, track_episodes
+from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
 
-__all__ = ["EnvAdapter", "EnvMakeError", "make_env", "resolve_suite", "init_episodes",
-           "track_episodes"]
+__all__ = ["EnvAdapter", "EnvMakeError", "make_env", "resolve_suite"]
 
 _EXTRA_HINT = {"envpool": "pip install 'jaxrl-dist[envpool]'", "gymnax": "pip install gymnax six"}
 

@@ -1,12 +1,11 @@
-"""The env adapter protocol and the episode bookkeeping shared by all suites."""
+"""The env adapter protocol every suite follows (the core rollout steps any such adapter)."""
 from __future__ import annotations
 
 from typing import Any, Protocol, Tuple
 
 import jax
-import jax.numpy as jnp
 
-from jaxrl_dist.core.types import EnvSpec, EpisodeStats, StepOut
+from jaxrl_dist.core.types import EnvSpec, StepOut
 
 
 class EnvMakeError(ValueError):
@@ -29,21 +28,3 @@ class EnvAdapter(Protocol):
     def reset(self, key: jax.Array) -> Tuple[Any, jax.Array]: ...
 
     def step(self, env_state: Any, action: jax.Array, key: jax.Array) -> Tuple[Any, StepOut]: ...
-
-
-def init_episodes(num_envs: int) -> EpisodeStats:
-    return EpisodeStats(jnp.zeros((num_envs,), jnp.float32), jnp.zeros((num_envs,), jnp.int32))
-
-
-def track_episodes(stats: EpisodeStats, out: StepOut):
-    """Accumulate episode return/length across auto-resets.
-
-    Returns the new stats, the return of each episode that ended on this step
-    (0 elsewhere) and the `[N]` mask of those ends.
-    """
-    ret = stats.ep_return + out.log_reward * out.valid
-    length = stats.ep_length + out.valid.astype(jnp.int32)
-    end = out.episode_end & out.valid
-    done_return = jnp.where(end, ret, 0.0)
-    new = EpisodeStats(jnp.where(end, 0.0, ret), jnp.where(end, 0, length))
-    return new, done_return, end
