@@ -68,9 +68,9 @@ class Options(NamedTuple):
 
 def check(cfg: Config, opts: Options) -> None:
     """`ConfigError` naming the flag or key calibrate cannot work with."""
-    if cfg.backend.name == "fused":
-        raise ConfigError("backend.name: calibrate measures a shard backend; pass backend=local, "
-                          "backend=ray or backend=http")
+    if cfg.trainer.name != "sync":
+        raise ConfigError("trainer: calibrate measures rounds of shards; pass trainer=sync with "
+                          "backend=local, backend=ray or backend=http")
     least = {"--rounds": (opts.rounds, 2, " (the first round compiles)"), "--shards": (opts.shards, 1, ""),
              "--learner-shards": (opts.learner_shards, 2, " (a line needs two batch sizes)"),
              "--repeats": (opts.repeats, 1, "")}

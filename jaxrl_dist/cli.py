@@ -59,10 +59,37 @@ def presets(group: str = "env") -> list:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
+# open mappings: their keys are the env maker's or a plugin's, not the schema's
+_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+
+
 def _normalise_overrides(overrides: Sequence[str]) -> list:
-    """`env.kwargs` is an open mapping: let `env.kwargs.x=1` and `env.kwargs={x: 1}`
-    add keys without Hydra's `++` (the composed config is otherwise closed)."""
-    return [f"++{o}" if o.startswith(("env.kwargs.", "env.kwargs=")) else o for o in overrides]
+    """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's
+    `++` (the composed config is otherwise closed); refuse the old `backend=fused`."""
+    for o in overrides:
+        if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
+            raise CliConfigError(f"{o}: the fused trainer is chosen with trainer=fused now "
+                                 f"(backend= only says where shards run: local, ray, http)")
+    return [f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o
+            for o in overrides]
+
+
+def override_keys(overrides: Sequence[str]) -> list:
+    """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
+    keys = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        keys.append("async" + key[len("async"):] if key.startswith("async") else key)
+    return keys
+
+
+def _store_defaults() -> None:
+    """The dataclasses' defaults as the node `config.yaml` starts from."""
+    from hydra.core.config_store import ConfigStore
+
+    from jaxrl_dist.config import Config, to_dict
+
+    ConfigStore.instance().store(name="jaxrl_dist_defaults", node=to_dict(Config()))
 
 
 def _hydra_message(err: Exception) -> str:
@@ -94,6 +121,7 @@ def compose(overrides: Sequence[str]) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    _store_defaults()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
                                    job_name="jaxrl-dist"):
@@ -109,7 +137,7 @@ def load_config(overrides: Sequence[str]):
     from jaxrl_dist.envs import EnvMakeError, resolve_suite
 
     try:
-        cfg = from_dict(compose(overrides))
+        cfg = from_dict(compose(overrides), user_keys=override_keys(overrides))
         if not cfg.run.resume:  # a resumed run checks the config saved with it
             resolve_suite(cfg.env.id, cfg.env.suite)
         return cfg

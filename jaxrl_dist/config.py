@@ -17,7 +17,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     id: str = "CartPole-v1"
-    suite: str = "auto"  # gymnax | envpool | auto (gymnax first, then envpool)
+    suite: str = "auto"  # gymnax | envpool | a plugin's name | auto (the first suite with env.id)
     num_envs: int = 4
     normalize_obs: Union[bool, str] = "auto"  # auto: on for continuous actions
     normalize_reward: Union[bool, str] = "auto"
@@ -48,7 +48,10 @@ class AlgoConfig:
     max_grad_norm: float = 0.5
     norm_adv: bool = True
     adam_eps: float = 1e-5
-    network: str = "auto"  # mlp | cnn | auto (cnn for image observations)
+    network: str = "auto"  # mlp | cnn | auto (cnn for image observations) | a plugin's name
+    network_options: dict = field(default_factory=dict)  # a plugin network's options
+    loss: str = "ppo"  # ppo (clipped surrogate) | a plugin's name
+    loss_options: dict = field(default_factory=dict)  # a plugin loss's options
     hidden_sizes: tuple = (64, 64)
     activation: str = "tanh"  # tanh | relu
 
@@ -79,9 +82,10 @@ DEFAULT_ALLOWED_ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Where actor shards run. `fused` is the single-process trainer (no shards)."""
+    """Where actor shards run (for `trainer=sync` and `trainer=async`)."""
 
-    name: str = "fused"  # fused | local | ray | http | a plugin's name
+    name: str = "local"  # local | ray | http | a plugin's name
+    options: dict = field(default_factory=dict)  # a plugin backend's options
     max_shards: int = 32  # slots: envs whose episodes continue across rounds
     envs_per_shard: int = 4
     shard_timeout: float = 60.0  # seconds before a shard is retried
@@ -133,6 +137,7 @@ class SchedulerConfig:
     every: int = 2  # ramp: ... every this many rounds
     path: Optional[str] = None  # learned: a trained scheduler file; null: the preset for env.id
     init_from: Optional[str] = None  # `scheduler train`: a scheduler file to fine-tune from
+    options: dict = field(default_factory=dict)  # a plugin scheduler's options
 
     def __post_init__(self):
         check_scheduler(self)
@@ -191,6 +196,16 @@ class AsyncConfig:
     c_bar: float = 1.0  # V-trace truncation of the trace coefficients
 
 
+TRAINERS = ("fused", "sync", "async")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Which trainer runs (`trainer=fused|sync|async`); its own keys live beside `name`."""
+
+    name: str = "fused"  # fused: one jitted program | sync: rounds of shards | async: no round barrier
+
+
 @dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -201,7 +216,7 @@ class Config:
     serve: ServeConfig = field(default_factory=ServeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
-    trainer: str = "sync"  # sync: rounds with a barrier | async: no barrier, bounded staleness
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 0
     num_seeds: int = 1
 
@@ -220,7 +235,7 @@ class Derived(NamedTuple):
     normalize_reward: bool
 
 
-def _coerce(value: Any, default: Any, key: str) -> Any:
+def coerce(value: Any, default: Any, key: str) -> Any:
     """Cast a YAML/CLI value to the type of the field's default."""
     if isinstance(default, bool) or (isinstance(default, str) and value in (True, False)):
         if isinstance(value, bool):
@@ -264,13 +279,42 @@ def _build(cls, data: dict, prefix: str):
         elif value is None:
             kwargs[name] = None
         else:
-            kwargs[name] = _coerce(value, default, key) if default is not None else value
+            kwargs[name] = coerce(value, default, key) if default is not None else value
     return cls(**kwargs)
 
 
-def from_dict(data: dict) -> Config:
-    """Build a `Config` from nested plain dicts; unknown keys are errors."""
-    return validate(_build(Config, data, ""))
+def from_dict(data: dict, user_keys=()) -> Config:
+    """Build a `Config` from nested plain dicts; unknown keys are errors, and so is a
+    key in `user_keys` (the keys a user set: the CLI's overrides) that the chosen
+    trainer ignores. `trainer` may be given as a plain name (`{"trainer": "sync"}`)."""
+    data = dict(data or {})
+    if isinstance(data.get("trainer"), str):
+        data["trainer"] = {"name": data["trainer"]}
+    cfg = validate(_build(Config, data, ""))
+    check_used(cfg, user_keys)
+    return cfg
+
+
+# key prefixes each trainer never reads
+_IGNORED = {
+    "fused": ("backend.", "scheduler.", "async.", "cost.", "run.target_return", "run.stop_at_target",
+              "run.budget_usd", "run.max_rounds", "run.target_episodes"),
+    "sync": ("async.",),
+    "async": ("scheduler.",),
+}
+
+
+def check_used(cfg: Config, keys) -> None:
+    """A key the user set that the chosen trainer ignores is an error naming it."""
+    name = cfg.trainer.name
+    for key in keys:
+        if any(key == p or key.startswith(p) or f"{key}." == p for p in _IGNORED.get(name, ())):
+            raise ConfigError(f"{key}: trainer={name} does not use it (set trainer=sync or async, "
+                              f"or drop the key)" if name == "fused" else
+                              f"{key}: trainer={name} does not use it; drop the key")
+    if "algo.num_minibatches" in keys and cfg.algo.minibatch_size is not None:
+        raise ConfigError(f"algo.num_minibatches: ignored while algo.minibatch_size="
+                          f"{cfg.algo.minibatch_size} is set; set algo.minibatch_size=null to use it")
 
 
 def to_dict(cfg: Config) -> dict:
@@ -328,7 +372,7 @@ def _check_rounds(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if b.max_retries < 0:
         raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
-    if s.name == "fixed" and s.num_shards > b.max_shards and cfg.trainer == "sync":
+    if s.name == "fixed" and s.num_shards > b.max_shards and cfg.trainer.name == "sync":
         raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
     if cfg.num_seeds != 1:
         raise ConfigError(f"num_seeds: the round trainer trains one seed, got {cfg.num_seeds}")
@@ -347,8 +391,6 @@ def _check_rounds(cfg: Config) -> None:
 def _check_async(cfg: Config) -> None:
     """`async.*` keys (checked when `trainer=async`)."""
     a, b = cfg.asynchronous, cfg.backend
-    if b.name == "fused":
-        raise ConfigError("trainer=async needs a shard backend (backend=local, ray or http), not fused")
     if a.max_staleness < 0:
         raise ConfigError(f"async.max_staleness must be >= 0, got {a.max_staleness}")
     for key in ("batch_chunks", "min_actors", "balance_every"):
@@ -416,27 +458,26 @@ def validate(cfg: Config) -> Config:
     _check_positive(cfg)
     _check_stops(cfg.run)
     _check_cost(cfg.cost)
-    if cfg.backend.name != "fused":
+    if cfg.backend.name == "fused":
+        raise ConfigError("backend=fused: the fused trainer is chosen with trainer=fused now "
+                          "(backend= only says where shards run: local, ray, http)")
+    if cfg.trainer.name not in TRAINERS:
+        raise ConfigError(f"trainer: unknown trainer {cfg.trainer.name!r} (choose from: {', '.join(TRAINERS)})")
+    if cfg.trainer.name != "fused":
         _check_rounds(cfg)
-    if cfg.trainer not in ("sync", "async"):
-        raise ConfigError(f"trainer must be sync or async, got {cfg.trainer!r}")
-    if cfg.trainer == "async":
+    if cfg.trainer.name == "async":
         _check_async(cfg)
     if cfg.serve.max_body_mb <= 0:
         raise ConfigError(f"serve.max_body_mb must be positive, got {cfg.serve.max_body_mb}")
-    if cfg.env.suite not in ("auto", "gymnax", "envpool"):
-        raise ConfigError(f"env.suite must be gymnax, envpool or auto, got {cfg.env.suite!r}")
     if cfg.algo.name != "ppo":
         raise ConfigError(f"algo.name: only 'ppo' is available, got {cfg.algo.name!r}")
-    if cfg.algo.network not in ("auto", "mlp", "cnn"):
-        raise ConfigError(f"algo.network must be mlp, cnn or auto, got {cfg.algo.network!r}")
     if cfg.algo.activation not in ("tanh", "relu"):
         raise ConfigError(f"algo.activation must be tanh or relu, got {cfg.algo.activation!r}")
     for key in ("gamma", "gae_lambda"):
         if not 0.0 <= getattr(cfg.algo, key) <= 1.0:
             raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg.algo, key)}")
     batch = cfg.env.num_envs * cfg.algo.num_steps
-    if cfg.backend.name == "fused":
+    if cfg.trainer.name == "fused":
         _check_split(cfg.algo, batch, "the batch env.num_envs*algo.num_steps")
     if cfg.algo.total_timesteps < batch:
         raise ConfigError(

@@ -259,7 +259,7 @@ def test_async_clock_prewarms_the_instances_the_balancer_may_start():
 
 
 @pytest.mark.parametrize("override, word", [
-    ({"backend": {"name": "fused"}}, "trainer=async needs a shard backend"),
+    ({"backend": {"name": "fused"}}, "trainer=fused"),
     ({"async": {"max_staleness": -1}}, "async.max_staleness"),
     ({"async": {"actors": 9}}, "async.actors=9"),
     ({"async": {"stale": 1}}, "unknown config key 'async.stale'"),

@@ -37,7 +37,7 @@ def config(name: str, run_dir, urls=(), **over):
         "env": over.pop("env", {"id": "CartPole-v1"}),
         "algo": {"total_timesteps": 3 * 4 * 16 * 5, "num_steps": 16, "num_minibatches": 2,
                  "update_epochs": 2, **over.pop("algo", {})},
-        "backend": backend, "scheduler": {"num_shards": 3},
+        "trainer": "sync", "backend": backend, "scheduler": {"num_shards": 3},
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
         **over,
     })
@@ -134,13 +134,13 @@ def test_local_backend_buckets_shard_counts_and_keeps_idle_slots(tmp_path):
 
 def test_round_trainer_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="scheduler.num_shards=8 exceeds backend.max_shards=4"):
-        from_dict({"backend": {"name": "local", "max_shards": 4}, "scheduler": {"num_shards": 8}})
+        from_dict({"trainer": "sync", "backend": {"name": "local", "max_shards": 4}, "scheduler": {"num_shards": 8}})
     with pytest.raises(ConfigError, match="backend.urls"):
-        from_dict({"backend": {"name": "http"}})
+        from_dict({"trainer": "sync", "backend": {"name": "http"}})
     with pytest.raises(ConfigError, match="num_seeds"):
-        from_dict({"backend": {"name": "local"}, "num_seeds": 2})
+        from_dict({"trainer": "sync", "backend": {"name": "local"}, "num_seeds": 2})
     with pytest.raises(ConfigError, match="backend.envs_per_shard"):
-        from_dict({"backend": {"name": "local", "envs_per_shard": 3}, "algo": {"num_minibatches": 4, "num_steps": 1}})
+        from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 3}, "algo": {"num_minibatches": 4, "num_steps": 1}})
 
 
 def test_no_recompile_after_the_first_round(tmp_path):

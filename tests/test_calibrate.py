@@ -138,7 +138,7 @@ def test_shipped_profiles_load_and_name_their_env():
 @pytest.mark.parametrize("args, named", [
     (["calibrate", "backend=local", "--rounds", "1"], "--rounds"),
     (["calibrate", "backend=local", "--learner-shards", "1"], "--learner-shards"),
-    (["calibrate", "backend=fused"], "backend.name"),
+    (["calibrate", "trainer=fused"], "trainer"),
     (["scheduler", "train", "run.target_return=1", "--profile", "/nonexistent/p.json", "--out", "x"],
      "--profile"),
 ])

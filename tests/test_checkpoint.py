@@ -21,7 +21,7 @@ from jaxrl_dist.envs import make_env
 
 CACHE_HOME = Path(tempfile.gettempdir()) / "jaxrl-dist-test-cache"
 # 1000 updates of 4 envs x 32 steps; a checkpoint every 100 (chunks of 50)
-KILL_ARGS = ["backend=fused", "algo.num_steps=32", "algo.total_timesteps=128000", "run.checkpoint_every=100",
+KILL_ARGS = ["trainer=fused", "algo.num_steps=32", "algo.total_timesteps=128000", "run.checkpoint_every=100",
              "run.progress=false", "run.tensorboard=false"]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def test_help_prints_usage():
 
 def test_train_writes_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("train", "backend=fused", f"run.dir={run_dir}", "algo.total_timesteps=10240",
+    out = run_cli("train", "trainer=fused", f"run.dir={run_dir}", "algo.total_timesteps=10240",
                   "run.progress=false", "num_seeds=2")
     assert out.returncode == 0, out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -88,19 +89,32 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
 
 
 def test_yaml_defaults_match_the_dataclass_defaults():
-    """configs/ mirrors jaxrl_dist.config; a changed default must change both. The
-    main job picks the local backend and the learned scheduler, and the default env
-    preset (cartpole) sets its minibatch size, target and the adapt scheduler's range."""
+    """The CLI's values come from the dataclasses (configs/ only picks presets): the main
+    job picks the sync trainer and the learned scheduler, and the default env preset
+    (cartpole) sets its minibatch size, target and the adapt scheduler's range."""
     import dataclasses
 
     expected = Config()
     expected = dataclasses.replace(
         expected, scheduler=dataclasses.replace(expected.scheduler, name="learned", min_return=0.0,
                                                 max_return=500.0),
-        backend=dataclasses.replace(expected.backend, name="local"),
+        trainer=dataclasses.replace(expected.trainer, name="sync"),
         algo=dataclasses.replace(expected.algo, minibatch_size=128),
         run=dataclasses.replace(expected.run, target_return=475.0))
     assert from_dict(cli.compose([])) == expected
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["backend=fused"], "trainer=fused"),
+    (["trainer=fused", "backend=ray"], "backend: trainer=fused does not use it"),
+    (["trainer=fused", "scheduler.num_shards=3"], "scheduler.num_shards: trainer=fused"),
+    (["trainer=sync", "async.max_staleness=2"], "async.max_staleness: trainer=sync"),
+    (["algo.num_minibatches=7"], "algo.num_minibatches: ignored while algo.minibatch_size=128"),
+    (["trainer=nope"], "unknown trainer preset 'nope'"),
+])
+def test_a_key_the_chosen_trainer_ignores_is_one_line(overrides, key):
+    with pytest.raises(cli.CliConfigError, match=re.escape(key)):
+        cli.load_config(overrides)
 
 
 @pytest.mark.parametrize("preset", cli.presets())

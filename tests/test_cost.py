@@ -136,8 +136,8 @@ def test_stop_keys_and_cost_keys_are_validated():
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             from_dict(over)
     # the fused trainer ignores the stop keys, but takes them
-    cfg = from_dict({"run": {"target_return": 475, "budget_usd": 1.5, "max_rounds": 3, "stop_at_target": True}})
-    assert cfg.backend.name == "fused" and cfg.run.max_rounds == 3
+    cfg = from_dict({"trainer": "sync", "run": {"target_return": 475, "budget_usd": 1.5, "max_rounds": 3, "stop_at_target": True}})
+    assert cfg.trainer.name == "sync" and cfg.run.max_rounds == 3
 
 
 def test_presets_compose():
@@ -161,7 +161,7 @@ def _train(tmp_path, name, **over):
            **over.pop("run", {})}
     cfg = from_dict({"algo": {"total_timesteps": 3 * 4 * 16 * 6, "num_steps": 16, "num_minibatches": 2,
                               "update_epochs": 2},
-                     "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 4},
+                     "trainer": "sync", "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 4},
                      "scheduler": {"num_shards": 3}, "run": run, **over})
     summary = train(cfg)
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()

@@ -48,7 +48,7 @@ def fused(tmp_path, env_id="CartPole-v1", seeds=1, updates=4, **algo):
     return train(from_dict({
         "env": {"id": env_id, "num_envs": 4}, "num_seeds": seeds,
         "algo": {**SMALL, "total_timesteps": 4 * 32 * updates, **algo},
-        "backend": {"name": "fused"}, "run": {**RUN, "dir": str(tmp_path)},
+        "trainer": "fused", "run": {**RUN, "dir": str(tmp_path)},
     }))["params_sha256"]
 
 
@@ -65,7 +65,7 @@ def rounds(tmp_path, name="local", urls=(), trainer="sync", **async_):
 
 
 def mdp_digest():
-    task = from_dict({"backend": {"name": "local", "envs_per_shard": 2, "max_shards": 2},
+    task = from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 2, "max_shards": 2},
                       "scheduler": {"num_shards": 2},
                       "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
                                "total_timesteps": 2 * 8 * 20}})

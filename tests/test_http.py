@@ -153,7 +153,7 @@ def tiny(run_dir, urls, **backend):
     return from_dict({
         "algo": {"total_timesteps": 4 * 16 * 2 * 4, "num_steps": 16, "num_minibatches": 2,
                  "update_epochs": 2},
-        "backend": {"name": "http", "urls": urls, "token": TOKEN, "envs_per_shard": 4,
+        "trainer": "sync", "backend": {"name": "http", "urls": urls, "token": TOKEN, "envs_per_shard": 4,
                     "max_shards": 4, **backend},
         "scheduler": {"num_shards": 2},
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},

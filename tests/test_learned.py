@@ -18,7 +18,7 @@ M = 2
 
 
 def task():
-    return from_dict({"backend": {"name": "local", "envs_per_shard": 2, "max_shards": M},
+    return from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 2, "max_shards": M},
                       "scheduler": {"num_shards": M},
                       "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
                                "total_timesteps": 2 * 8 * 20}})
@@ -93,7 +93,7 @@ def test_missing_scheduler_file_names_the_key():
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.scheduling.schedulers import make_scheduler
 
-    cfg = from_dict({"backend": {"name": "local"}, "scheduler": {"name": "learned", "path": "/nope.msgpack"}})
+    cfg = from_dict({"trainer": "sync", "backend": {"name": "local"}, "scheduler": {"name": "learned", "path": "/nope.msgpack"}})
     with pytest.raises(ConfigError, match="scheduler.path"):
         make_scheduler(cfg.scheduler, cfg.backend, cfg)
 

@@ -40,7 +40,7 @@ def _quiet_ray(monkeypatch):
 
 def config(backend: dict, **algo):
     return from_dict({
-        "backend": {"max_shards": 4, "envs_per_shard": ENVS, **backend},
+        "trainer": "sync", "backend": {"max_shards": 4, "envs_per_shard": ENVS, **backend},
         "scheduler": {"num_shards": SHARDS},
         "algo": {"total_timesteps": TIMESTEPS, "num_steps": NUM_STEPS, **algo},
         "run": {"progress": False, "tensorboard": False, "compile_cache": False},

@@ -50,7 +50,7 @@ def real_runs(tmp_path_factory):
     algo = {"num_steps": 16, "num_minibatches": 2, "update_epochs": 1}
     train(from_dict({
         "algo": {**algo, "total_timesteps": 2 * 4 * 16 * 4},
-        "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 2},
+        "trainer": "sync", "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 2},
         "scheduler": {"num_shards": 2}, "run": {"dir": str(root / "round"), **QUIET}}))
     train(from_dict({"env": {"num_envs": 4}, "algo": {**algo, "total_timesteps": 4 * 16 * 10},
                      "run": {"dir": str(root / "fused"), **QUIET}}))

@@ -148,9 +148,9 @@ def train(cfg: Config, run_dir=None) -> dict:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
-    if cfg.trainer == "async":
+    if cfg.trainer.name == "async":
         return train_async(cfg, run_dir, resuming, t_start)
-    if cfg.backend.name != "fused":
+    if cfg.trainer.name == "sync":
         return train_rounds(cfg, run_dir, resuming, t_start)
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)

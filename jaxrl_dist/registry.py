@@ -1,0 +1,88 @@
+"""Named extension points: the built-ins plus plugins found under an entry-point group.
+
+A research fork adds a loss, a network, an env suite, a backend or a scheduler
+without editing the package: its distribution declares, for example,
+
+    [project.entry-points."jaxrl_dist.losses"]
+    clipped_plus = "my_fork.losses:clipped_plus"
+
+and `algo.loss=clipped_plus` picks it. The library API takes objects too
+(`Registry.register`, or `make_train(cfg, env, network=..., loss=...)`).
+
+A plugin with options declares them as a dataclass in its `Options` attribute;
+`options(target, mapping, key)` builds it, so a misspelt or mistyped option is
+a one-line `ConfigError` naming `<group key>.<option>`. A plugin without
+`Options` takes none.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Dict, Mapping, Union
+
+from jaxrl_dist.config import ConfigError, coerce
+
+
+class Registry:
+    """Names of one extension point -> objects (or "module:attr" strings, loaded on use)."""
+
+    def __init__(self, what: str, key: str, group: str, builtin: Mapping[str, Union[str, Any]]):
+        self.what, self.key, self.group = what, key, group
+        self._builtin: Dict[str, Any] = dict(builtin)
+
+    def register(self, name: str, target: Any) -> Any:
+        """Add (or replace) `name` for this process; returns `target` (usable as a decorator's body)."""
+        self._builtin[name] = target
+        return target
+
+    def _plugins(self) -> dict:
+        return {ep.name: ep for ep in entry_points(group=self.group)}
+
+    def names(self) -> list:
+        return sorted(set(self._builtin) | set(self._plugins()))
+
+    def get(self, name: str) -> Any:
+        """The object registered as `name`; `ConfigError` (one line) for an unknown name
+        or a plugin that fails to import (naming its distribution)."""
+        if name in self._builtin:
+            target = self._builtin[name]
+            return _load(target) if isinstance(target, str) else target
+        ep = self._plugins().get(name)
+        if ep is None:
+            raise ConfigError(f"{self.key}: unknown {self.what} {name!r} "
+                              f"(registered: {', '.join(self.names())})")
+        try:
+            return ep.load()
+        except Exception as err:  # a broken plugin must not take the run down with a traceback
+            dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
+            raise ConfigError(f"{self.key}: {self.what} {name!r} from distribution {dist} "
+                              f"failed to import: {type(err).__name__}: {err}") from err
+
+
+def _load(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def options(target: Any, given: Mapping, key: str) -> Any:
+    """`target.Options(**given)`, each value checked against its field's default type;
+    None when the plugin declares no `Options` and `given` is empty."""
+    cls = getattr(target, "Options", None)
+    given = dict(given or {})
+    if cls is None:
+        if given:
+            raise ConfigError(f"{key}.{sorted(given)[0]}: this plugin takes no options")
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = cls()
+    values = {}
+    for name, value in given.items():
+        if name not in fields:
+            raise ConfigError(f"{key}.{name}: unknown option (options: {', '.join(fields) or 'none'})")
+        default = getattr(defaults, name)
+        values[name] = value if default is None or value is None else coerce(value, default, f"{key}.{name}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:  # the plugin's own checks (__post_init__)
+        raise ConfigError(f"{key}: {err}") from err
