@@ -1,57 +1,63 @@
-"""Env makers behind one adapter protocol (see `base.EnvAdapter`)."""
+"""Env suites behind one adapter protocol (see `base.EnvAdapter`), in a registry.
+
+`env.suite` names a suite: the built-in `gymnax` and `envpool`, or a plugin
+registered under the entry-point group `jaxrl_dist.env_suites` (a class or
+object with `installed()`, `has(env_id)`, `make(env_id, num_envs, seed,
+num_threads, kwargs)` and a `hint` for installing it). `auto` takes the first
+installed suite that has the id: gymnax, envpool, then plugins by name.
+"""
 from __future__ import annotations
 
-import importlib.util
-
+from jaxrl_dist.config import ConfigError
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
+from jaxrl_dist.registry import Registry
 
-__all__ = ["EnvAdapter", "EnvMakeError", "make_env", "resolve_suite"]
+__all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "make_env", "resolve_suite"]
 
-_EXTRA_HINT = {"envpool": "pip install 'jaxrl-dist[envpool]'", "gymnax": "pip install gymnax six"}
+SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
+                  {"gymnax": "jaxrl_dist.envs.gymnax_env:GymnaxSuite",
+                   "envpool": "jaxrl_dist.envs.envpool_env:EnvpoolSuite"})
+_FIRST = ("gymnax", "envpool")  # `auto` tries these before plugins
 
 
-def _installed(suite: str) -> bool:
-    return importlib.util.find_spec(suite) is not None
+def _suite(name: str):
+    """The registered suite `name`, its lookup errors phrased as env errors."""
+    try:
+        return SUITES.get(name)
+    except ConfigError as err:
+        raise EnvMakeError(str(err)) from err
 
 
-def _known(suite: str, env_id: str) -> bool:
-    if suite == "gymnax":
-        from jaxrl_dist.envs.gymnax_env import gymnax_ids
-
-        return env_id in gymnax_ids()
-    from jaxrl_dist.envs.envpool_env import envpool_ids
-
-    return env_id in envpool_ids()
+def _order() -> list:
+    return list(_FIRST) + [n for n in SUITES.names() if n not in _FIRST]
 
 
 def resolve_suite(env_id: str, suite: str = "auto") -> str:
-    """The suite that provides `env_id`; raises `EnvMakeError` naming the id or the extra."""
-    if suite not in ("auto", "gymnax", "envpool"):
-        raise EnvMakeError(f"env.suite must be gymnax, envpool or auto, got {suite!r}")
-    candidates = ("gymnax", "envpool") if suite == "auto" else (suite,)
-    for name in candidates:
-        if _installed(name) and _known(name, env_id):
+    """The suite that provides `env_id`; raises `EnvMakeError` naming the id, the suite or
+    the extra to install (`ConfigError` for a suite name nobody registered)."""
+    if suite != "auto":
+        found = _suite(suite)
+        if not found.installed():
+            raise EnvMakeError(f"env.suite={suite} is not installed: {found.hint}")
+        if not found.has(env_id):
+            raise EnvMakeError(f"unknown env.id {env_id!r}: {suite} has no such environment")
+        return suite
+    for name in _order():
+        found = _suite(name)
+        if found.installed() and found.has(env_id):
             return name
-    if suite != "auto" and not _installed(suite):
-        raise EnvMakeError(f"env.suite={suite} is not installed: {_EXTRA_HINT[suite]}")
-    if suite == "auto" and not _installed("envpool"):
+    if not _suite("envpool").installed():
         raise EnvMakeError(f"unknown env.id {env_id!r}: not a gymnax id, and envpool ids need "
-                           f"the envpool extra ({_EXTRA_HINT['envpool']})")
-    where = "gymnax or envpool" if suite == "auto" else suite
-    raise EnvMakeError(f"unknown env.id {env_id!r}: {where} has no such environment")
+                           f"the envpool extra ({_suite('envpool').hint})")
+    raise EnvMakeError(f"unknown env.id {env_id!r}: no registered suite ({', '.join(_order())}) "
+                       f"has such an environment")
 
 
 def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
              num_threads: int = 0, kwargs: dict | None = None) -> EnvAdapter:
-    """A flat batch of `num_envs` envs of `env_id` from gymnax or envpool."""
+    """A flat batch of `num_envs` envs of `env_id` from the suite that has it."""
     suite = resolve_suite(env_id, suite)
     try:
-        if suite == "gymnax":
-            from jaxrl_dist.envs.gymnax_env import GymnaxEnv
-
-            return GymnaxEnv(env_id, num_envs, kwargs)
-        from jaxrl_dist.envs.envpool_env import EnvpoolEnv
-
-        return EnvpoolEnv(env_id, num_envs, seed, num_threads, kwargs)
+        return _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
     except TypeError as err:  # an env.kwargs entry the maker does not take
         raise EnvMakeError(f"env.kwargs not accepted by {suite} {env_id!r}: {err}") from err

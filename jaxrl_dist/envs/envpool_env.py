@@ -12,6 +12,7 @@ built and called inside a scoped `jax.enable_x64` and cast at the boundary.
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import NamedTuple
 
 import jax
@@ -98,3 +99,21 @@ class EnvpoolEnv:
                       valid=~env_state.prev_done, log_reward=log_reward,
                       episode_end=game_over | trunc)
         return EnvpoolState(handle, done), out
+
+
+class EnvpoolSuite:
+    """`env.suite=envpool`: C++ env pools stepped from the host (Atari, MuJoCo, classic control)."""
+
+    hint = "pip install 'jaxrl-dist[envpool]'"
+
+    @staticmethod
+    def installed() -> bool:
+        return importlib.util.find_spec("envpool") is not None
+
+    @staticmethod
+    def has(env_id: str) -> bool:
+        return env_id in envpool_ids()
+
+    @staticmethod
+    def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
+        return EnvpoolEnv(env_id, num_envs, seed, num_threads, kwargs)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 
@@ -105,3 +106,21 @@ class GymnaxEnv:
                       terminated=term, truncated=trunc, valid=ones, log_reward=reward,
                       episode_end=term | trunc)
         return state, out
+
+
+class GymnaxSuite:
+    """`env.suite=gymnax`: pure-JAX envs, vmapped and jitted with the policy."""
+
+    hint = "pip install gymnax six"
+
+    @staticmethod
+    def installed() -> bool:
+        return importlib.util.find_spec("gymnax") is not None
+
+    @staticmethod
+    def has(env_id: str) -> bool:
+        return env_id in gymnax_ids()
+
+    @staticmethod
+    def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
+        return GymnaxEnv(env_id, num_envs, kwargs)
