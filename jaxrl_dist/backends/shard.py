@@ -61,6 +61,7 @@ class ShardSpec:
     clip_reward: float
     env_kwargs: str = "{}"  # JSON, so the spec stays hashable
     num_threads: int = 0  # envpool worker threads per slot's pool; 0 lets envpool choose
+    network_options: str = "{}"  # JSON: a plugin network's options
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -75,14 +76,14 @@ class ShardSpec:
         kinds = {"env_id": str, "suite": str, "num_envs": int, "num_steps": int, "network": str,
                  "hidden_sizes": (list, tuple), "activation": str, "normalize_obs": bool,
                  "normalize_reward": bool, "gamma": float, "clip_obs": float,
-                 "clip_reward": float, "env_kwargs": str, "num_threads": int}
+                 "clip_reward": float, "env_kwargs": str, "num_threads": int, "network_options": str}
         unknown = set(data) - set(kinds)
         if unknown:
             raise ShardError(f"spec.{sorted(unknown)[0]}: unknown field")
         values = {}
         for name, kind in kinds.items():
             if name not in data:
-                if name in ("env_kwargs", "num_threads"):  # optional: the defaults
+                if name in ("env_kwargs", "num_threads", "network_options"):  # optional: the defaults
                     continue
                 raise ShardError(f"spec.{name}: missing")
             values[name] = _checked(data[name], kind, f"spec.{name}")
@@ -123,7 +124,8 @@ def spec_from_config(cfg: Config, suite: str, continuous: bool) -> ShardSpec:
     return ShardSpec(cfg.env.id, suite, cfg.backend.envs_per_shard, a.num_steps, a.network,
                      tuple(a.hidden_sizes), a.activation, d.normalize_obs, d.normalize_reward,
                      a.gamma, cfg.env.clip_obs, cfg.env.clip_reward,
-                     json.dumps(cfg.env.kwargs, sort_keys=True), cfg.env.num_threads)
+                     json.dumps(cfg.env.kwargs, sort_keys=True), cfg.env.num_threads,
+                     json.dumps(a.network_options, sort_keys=True))
 
 
 def learn_key(seed, round_):
@@ -179,7 +181,8 @@ class ShardProgram:
         self.spec = spec
         self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
                             json.loads(spec.env_kwargs))
-        self.network = make_network(self.env.spec, spec.network, spec.hidden_sizes, spec.activation)
+        self.network = make_network(self.env.spec, spec.network, spec.hidden_sizes, spec.activation,
+                                    json.loads(spec.network_options))
         self._stacked = {}
         self.run = self.stacked(1)
         self._one = jax.jit(self._run_one)

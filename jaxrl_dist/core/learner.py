@@ -39,7 +39,7 @@ def loop_free(network) -> bool:
     (and the fused trainer's chunks hold one update); the rollout scan only
     runs the forward pass, which is unaffected.
     """
-    return network.torso == "cnn" and jax.default_backend() == "cpu"
+    return getattr(network, "torso", None) == "cnn" and jax.default_backend() == "cpu"
 
 
 def make_optimizer(a, grad_steps: int):
@@ -101,8 +101,9 @@ def make_learner(cfg, network, spec, expected_shards: float) -> Learner:
     steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
     tx = make_optimizer(a, grad_steps(a, num_rounds))
-    opts = ppo.options(a, spec.discrete, True, loop_free(network), a.num_minibatches,
-                       a.minibatch_size or 0, cfg.asynchronous.rho_bar, cfg.asynchronous.c_bar)
+    opts = ppo.options(a, discrete=spec.discrete, masked=True, unroll=loop_free(network),
+                       minibatch_size=a.minibatch_size or 0, rho_bar=cfg.asynchronous.rho_bar,
+                       c_bar=cfg.asynchronous.c_bar)
     fn = make_learn_fn(network.apply, opts)
     return Learner(network, spec, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec
+from jaxrl_dist.config import ConfigError
+from jaxrl_dist.registry import Registry, options as plugin_options
 
 
 class PolicyOut(NamedTuple):
@@ -97,9 +99,23 @@ def is_frame_stack(obs_shape) -> bool:
     return len(obs_shape) == 3 and min(obs_shape[1:]) >= _MIN_FRAME
 
 
+BUILTIN = ("auto", "mlp", "cnn")
+# `algo.network`: a plugin is a factory `(spec, hidden_sizes, activation, options) -> module`
+# whose `apply(params, obs[N, ...])` returns a `PolicyOut`; entry-point group `jaxrl_dist.networks`
+NETWORKS = Registry("network", "algo.network", "jaxrl_dist.networks",
+                    {name: "jaxrl_dist.core.networks:make_network" for name in BUILTIN})
+
+
 def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
-                 activation: str = "tanh") -> ActorCritic:
-    """Build the actor-critic for an env: CNN for image observations, else MLP."""
+                 activation: str = "tanh", options=None):
+    """Build the actor-critic for an env: CNN for image observations, else MLP, or the
+    plugin `network` names with its `options` (a mapping it validates)."""
+    if network not in BUILTIN:
+        factory = NETWORKS.get(network)
+        opts = plugin_options(factory, options or {}, "algo.network_options")
+        return factory(spec, tuple(hidden_sizes), activation, opts)
+    if options:
+        raise ConfigError(f"algo.network_options.{sorted(options)[0]}: the built-in networks take no options")
     torso = network
     if torso == "auto":
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"

@@ -5,7 +5,7 @@ Shapes are time-major: `[T, B]` for per-step values.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,11 @@ from jax.flatten_util import ravel_pytree
 
 from jaxrl_dist.core import networks
 from jaxrl_dist.core.types import TrainState, Transition
+from jaxrl_dist.registry import Registry, options as plugin_options
+
+# `algo.loss`: `loss(params, apply_fn, batch, opts, options) -> (scalar, {name: metric})`;
+# plugins under the entry-point group `jaxrl_dist.losses` (see `ppo_loss`)
+LOSSES = Registry("loss", "algo.loss", "jaxrl_dist.losses", {"ppo": "jaxrl_dist.core.ppo:ppo_loss"})
 
 
 class PPOOptions(NamedTuple):
@@ -34,16 +39,19 @@ class PPOOptions(NamedTuple):
     minibatch_size: int = 0  # > 0: minibatches of this size over the real samples (see `make_update`)
     rho_bar: float = 1.0  # stale samples: truncation of the V-trace importance weights ...
     c_bar: float = 1.0  # ... and of its trace coefficients (see `make_batch`)
+    loss: Any = None  # the loss function (None: `ppo_loss`)
+    loss_options: Any = None  # its validated options record (`registry.options`)
 
 
-def options(a, discrete: bool, masked: bool, unroll: bool, minibatches: int,
-            minibatch_size: int = 0, rho_bar: float = 1.0, c_bar: float = 1.0) -> PPOOptions:
-    """`PPOOptions` from an `AlgoConfig` (every trainer builds its options here);
-    `minibatch_size` > 0 only where batches are padded (the round trainer);
-    `rho_bar`, `c_bar` only matter for stale samples (the async trainer)."""
-    return PPOOptions(a.gamma, a.gae_lambda, a.clip_eps, a.clip_vloss, a.ent_coef, a.vf_coef,
-                      a.update_epochs, minibatches, a.norm_adv, discrete, masked, unroll,
-                      minibatch_size, rho_bar, c_bar)
+def options(a, loss=None, **settings) -> PPOOptions:
+    """`PPOOptions` from an `AlgoConfig`: every field the config shares by name, then
+    `settings` (discrete, masked, unroll, num_minibatches, ...). The loss is `loss`,
+    else the one `algo.loss` names, with `algo.loss_options` checked by it."""
+    shared = {f: getattr(a, f) for f in PPOOptions._fields if f in type(a).__dataclass_fields__
+              and f not in ("minibatch_size", "loss")}
+    fn = loss if loss is not None else LOSSES.get(a.loss)
+    opts = plugin_options(fn, a.loss_options, "algo.loss_options")
+    return PPOOptions(**{**shared, **settings, "loss": fn, "loss_options": opts})
 
 
 class Batch(NamedTuple):
@@ -90,8 +98,9 @@ def _mean(x, w):
     return x.mean() if w is None else (x * w).sum() / jnp.maximum(w.sum(), 1.0)
 
 
-def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions):
-    """Clipped-surrogate PPO loss of one minibatch; returns `(loss, metrics)`."""
+def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions, options=None):
+    """Clipped-surrogate PPO loss of one minibatch; returns `(loss, metrics)`. Every
+    metric returned is logged under its own name (a plugin loss may add its own)."""
     w = batch.valid.astype(jnp.float32) if opts.masked else None
     out = apply_fn(params, batch.obs)
     logp = networks.log_prob(out, batch.action, opts.discrete)
@@ -212,8 +221,9 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         n = batch.advantage.shape[0]
         idx, active = _plan(key, n, None if real is None else real.reshape(-1), opts)
         flat, unravel = ravel_pytree(state.params)
-        grad_fn = jax.value_and_grad(lambda f, mb: ppo_loss(unravel(f), apply_fn, mb, opts),
-                                     has_aux=True)
+        loss_fn = opts.loss or ppo_loss
+        grad_fn = jax.value_and_grad(
+            lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts, opts.loss_options), has_aux=True)
 
         def minibatch_step(carry, xs):
             mb_idx, on = xs

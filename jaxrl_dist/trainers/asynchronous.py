@@ -65,7 +65,7 @@ from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, run_sha
 from jaxrl_dist.config import Config
 from jaxrl_dist.backends.shard import learn_key
 from jaxrl_dist.scheduling.cost import AsyncAccount
-from jaxrl_dist.trainers.logger import LOSS_KEYS, nan_to_none
+from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
 from jaxrl_dist.trainers.sync import (RoundTrainer, train_rounds, TrainState, charged_bytes, cost_fields, init_table,
                                init_train, recent_return_of, round_keys, shard_seconds, straggle)
 from jaxrl_dist.backends import wire
@@ -487,7 +487,7 @@ class AsyncTrainer(RoundTrainer):
         dt = max(times["update"], 1e-9)
         rec = {"update": u, "round": u, "time": time.time(), "env_steps": env_steps,
                "num_shards": len(taken), "return": nan_to_none(metrics["return_mean"])}
-        rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
+        rec.update({k: nan_to_none(metrics[k]) for k in loss_keys(metrics)})
         rec.update({"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
                     "dropped": len(dropped), "actors_active": self.active,
                     "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update

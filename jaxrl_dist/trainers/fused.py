@@ -34,10 +34,12 @@ class Setup(NamedTuple):
     loop_free: bool = False  # each chunk is one update with unrolled minibatches
 
 
-def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
+def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> Setup:
+    """Everything static for `cfg` on an env with `spec`; `network` (a flax module) and
+    `loss` (a loss function) replace the ones `algo.network` and `algo.loss` name."""
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
-    network = make_network(spec, a.network, a.hidden_sizes, a.activation)
+    network = network or make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
     m = num_minibatches(a, derived.batch_size)
     grad_steps = derived.num_updates * a.update_epochs * m
     tx = learner.make_optimizer(a, grad_steps)
@@ -46,7 +48,8 @@ def make_setup(cfg: Config, spec, unroll: int = 1) -> Setup:
                            cfg.env.clip_reward, unroll)
     loop_free = learner.loop_free(network)
     # the fused batch is never padded: minibatch_size only sets the count `m`
-    popts = ppo.options(a, spec.discrete, spec.delayed_reset, loop_free, m)
+    popts = ppo.options(a, loss, discrete=spec.discrete, masked=spec.delayed_reset, unroll=loop_free,
+                        num_minibatches=m)
     return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
 
 
@@ -139,14 +142,14 @@ def make_train_chunk(setup: Setup, env, num_updates: int):
     return jax.jit(chunk, donate_argnums=0)
 
 
-def make_train(cfg: Config, env, unroll: int = 1):
+def make_train(cfg: Config, env, unroll: int = 1, network=None, loss=None):
     """Whole training: `train(seed) -> (runner, metrics[U, S])`.
 
     The env is reset on the host first (envpool needs that), then every
     update runs inside a single compiled program; a loop-free setup (CNN on
     CPU) calls its one-update program once per update instead.
     """
-    setup = make_setup(cfg, env.spec, unroll)
+    setup = make_setup(cfg, env.spec, unroll, network, loss)
     updates = setup.derived.num_updates
     chunk = make_train_chunk(setup, env, 1 if setup.loop_free else updates)
 

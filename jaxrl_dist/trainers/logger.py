@@ -14,8 +14,15 @@ from typing import Optional
 
 import numpy as np
 
-# chunk metrics averaged over seeds into one number per update
+# the built-in loss's metrics; a plugin loss may return others, logged under their names
 LOSS_KEYS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+# the learner's episode bookkeeping (`learner.episode_metrics`), logged apart
+EPISODE_KEYS = ("episode_return_sum", "episodes", "return_mean")
+
+
+def loss_keys(metrics: dict) -> list:
+    """The update's loss metrics, whatever the loss named them (order kept)."""
+    return [k for k in metrics if k not in EPISODE_KEYS]
 
 
 def nan_to_none(x: float) -> Optional[float]:
@@ -38,11 +45,11 @@ def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: 
     `env_steps` counts steps per seed, like `algo.total_timesteps`.
     """
     records = []
-    for k in range(np.shape(metrics["loss"])[0]):
+    for k in range(np.shape(metrics["return_mean"])[0]):
         update = first_update + k
         rec = {"update": update, "env_steps": update * steps_per_update,
                "return": seed_mean(metrics["return_mean"][k])}
-        rec.update({name: nan_to_none(np.mean(metrics[name][k])) for name in LOSS_KEYS})
+        rec.update({name: nan_to_none(np.mean(metrics[name][k])) for name in loss_keys(metrics)})
         rec["sps"] = nan_to_none(sps)
         # per-seed sums, so final returns can be recomputed from the file
         rec["episode_return_sum"] = [float(x) for x in metrics["episode_return_sum"][k]]
@@ -115,14 +122,24 @@ class MetricsLogger:
             self._progress[0].stop()
 
 
+# record fields that are bookkeeping, not a quantity over training
+_NOT_SCALARS = ("env_steps", "time", "update", "round")
+
+
 def _write_tb(writer, rec: dict) -> None:
+    """Every numeric field of the record: return and throughput under `charts/`, the
+    built-in loss's metrics under `losses/`, the rest (a plugin loss's metrics, times,
+    bytes, cost, shards) under `metrics/`."""
     step = rec["env_steps"]
     if rec["return"] is not None:
         writer.add_scalar("charts/episodic_return", rec["return"], step)
-    writer.add_scalar("charts/sps", rec["sps"] or 0.0, step)
-    for name in LOSS_KEYS:
-        if rec[name] is not None:
-            writer.add_scalar(f"losses/{name}", rec[name], step)
+    for name, value in rec.items():
+        if name in _NOT_SCALARS or name == "return" or isinstance(value, bool):
+            continue
+        if not isinstance(value, (int, float)):
+            continue
+        group = "charts" if name == "sps" else "losses" if name in LOSS_KEYS else "metrics"
+        writer.add_scalar(f"{group}/{name}", value, step)
 
 
 def _make_progress(total_steps: int, done_steps: int):

@@ -34,7 +34,7 @@ from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, bucket,
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
 from jaxrl_dist.trainers.rundir import METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary
-from jaxrl_dist.trainers.logger import LOSS_KEYS, MetricsLogger, final_returns, nan_to_none, truncate_records
+from jaxrl_dist.trainers.logger import loss_keys, MetricsLogger, final_returns, nan_to_none, truncate_records
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
 from jaxrl_dist.core.learner import init_train, make_learner
@@ -146,7 +146,7 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, 
     durations = [s.timings.finished - s.timings.started for s in result.shards]
     rec = {"update": r, "round": r, "time": time.time(), "env_steps": env_steps, "num_shards": n,
            "return": nan_to_none(metrics["return_mean"])}
-    rec.update({k: nan_to_none(metrics[k]) for k in LOSS_KEYS})
+    rec.update({k: nan_to_none(metrics[k]) for k in loss_keys(metrics)})
     rec.update({"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
                 "shard_s_max": max(durations),
                 "billed_s": float(sum(s.timings.billed for s in result.shards)),
