@@ -92,20 +92,6 @@ def test_unknown_backend_names_the_key():
         make_backend(config("nope", "/tmp/x").backend)
 
 
-def test_a_plugin_backend_comes_from_entry_points(monkeypatch):
-    """A fork registers a backend under the entry-point group, no library edit."""
-    import importlib.metadata as md
-
-    from jaxrl_dist import backends
-    from jaxrl_dist.backends.local import LocalBackend
-
-    ep = md.EntryPoint("mine", "jaxrl_dist.backends.local:LocalBackend", backends.GROUP)
-    monkeypatch.setattr(backends, "entry_points",
-                        lambda group: [ep] if group == backends.GROUP else [])
-    assert "mine" in backends.available()
-    assert isinstance(backends.make_backend(config("mine", "/tmp/x").backend), LocalBackend)
-
-
 def test_local_backend_buckets_shard_counts_and_keeps_idle_slots(tmp_path):
     """n = 1..4 compiles 3 shapes (1, 2, 4), each once; slots a round skips keep their state."""
     from jaxrl_dist.backends import Job, ShardTask

@@ -11,11 +11,9 @@ The class is built as `cls(cfg.backend)` and must follow `Backend`.
 """
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
 from typing import Any, List, NamedTuple, Optional, Protocol
 
-from jaxrl_dist.config import ConfigError
+from jaxrl_dist.registry import Registry, options as plugin_options
 from jaxrl_dist.backends.shard import ShardOutput
 
 GROUP = "jaxrl_dist.backends"
@@ -148,26 +146,21 @@ def _first(traj):
     return jax.tree.map(lambda x: np.asarray(x)[:, 0], traj)
 
 
-def _load(target: str):
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+BACKENDS = Registry("backend", "backend.name", GROUP, BUILTIN)
 
 
-def available() -> dict:
-    """Backend names and where they come from (built-ins, then entry points)."""
-    found = dict(BUILTIN)
-    for ep in entry_points(group=GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+def available() -> list:
+    """Backend names: the built-ins, then plugins' entry points."""
+    return BACKENDS.names()
 
 
 def make_backend(backend_cfg) -> Backend:
-    """The backend `backend_cfg.name` names; `ConfigError` if none does."""
-    targets = available()
-    if backend_cfg.name not in targets:
-        raise ConfigError(f"backend.name: unknown backend {backend_cfg.name!r} "
-                          f"(available: fused, {', '.join(sorted(targets))})")
-    return _load(targets[backend_cfg.name])(backend_cfg)
+    """The backend `backend_cfg.name` names, built as `cls(backend_cfg)`, or as
+    `cls(backend_cfg, options)` for a plugin that declares `Options` (`backend.options`);
+    `ConfigError` (one line) for an unknown name or a bad option."""
+    cls = BACKENDS.get(backend_cfg.name)
+    opts = plugin_options(cls, backend_cfg.options, "backend.options")
+    return cls(backend_cfg) if opts is None else cls(backend_cfg, opts)
 
 
 def bucket(n: int, max_shards: int) -> int:

@@ -18,13 +18,12 @@ A learned scheduler's view of a run is `learned.features` (`learned.FEATURES`).
 from __future__ import annotations
 
 import math
-from importlib import import_module
-from importlib.metadata import entry_points
 from typing import Callable
 
 import numpy as np
 
 from jaxrl_dist.config import ConfigError
+from jaxrl_dist.registry import Registry, options as plugin_options
 
 GROUP = "jaxrl_dist.schedulers"
 BUILTIN = {"fixed": "jaxrl_dist.scheduling.schedulers:FixedScheduler",
@@ -192,25 +191,19 @@ class AdaptScheduler(Scheduler):
         return self.min_shards + progress * (self.max_shards - self.min_shards)
 
 
-def available() -> dict:
-    """Scheduler name -> "module:attr": the built-ins, then plugins' entry points."""
-    found = dict(BUILTIN)
-    for ep in entry_points(group=GROUP):
-        found.setdefault(ep.name, ep.value)
-    return found
+SCHEDULERS = Registry("scheduler", "scheduler.name", GROUP, BUILTIN)
 
 
-def _load(target: str):
-    module, _, attr = target.partition(":")
-    return getattr(import_module(module), attr)
+def available() -> list:
+    """Scheduler names: the built-ins, then plugins' entry points."""
+    return SCHEDULERS.names()
 
 
 def make_scheduler(cfg, backend_cfg, full=None) -> Scheduler:
     """The scheduler `cfg.name` names. `full`, the whole `Config`, lets
-    `expected_shards` follow the run's length; `ConfigError` names a bad key."""
-    targets = available()
-    if cfg.name not in targets:
-        raise ConfigError(f"scheduler.name: unknown scheduler {cfg.name!r} "
-                          f"(available: {', '.join(sorted(targets))})")
-    cls = _load(targets[cfg.name])
-    return cls(cfg, backend_cfg) if full is None else cls(cfg, backend_cfg, full)
+    `expected_shards` follow the run's length; a plugin that declares `Options` gets
+    them (`scheduler.options`) as the keyword `options`; `ConfigError` names a bad key."""
+    cls = SCHEDULERS.get(cfg.name)
+    opts = plugin_options(cls, cfg.options, "scheduler.options")
+    extra = {} if opts is None else {"options": opts}
+    return cls(cfg, backend_cfg, **extra) if full is None else cls(cfg, backend_cfg, full, **extra)

@@ -1,0 +1,105 @@
+"""The five extension points, used the way a research fork uses them: the worked
+plugins in the README's "Extending" section are installed as a real distribution
+(pip, into a temporary directory outside the package) and CartPole trains with each."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, sys
+from jaxrl_dist.cli import CliConfigError, load_config
+from jaxrl_dist.trainers.runner import train
+
+out, run = {}, sys.argv[1]
+SHORT = ["algo.total_timesteps=2048", "algo.num_steps=32", "run.progress=false",
+         "run.tensorboard=false", "run.compile_cache=false"]
+ROUNDS = ["backend.envs_per_shard=4", "backend.max_shards=4", "algo.minibatch_size=null",
+          "algo.num_minibatches=2"]
+cases = {
+    "loss": ["trainer=fused", "algo.loss=clipped_kl", "algo.loss_options.kl_coef=0.5"],
+    "network": ["trainer=fused", "algo.network=wide", "algo.network_options.width=32"],
+    "suite": ["trainer=fused", "env.id=ToyCartPole-v0", "env.suite=toy"],
+    "backend": ["backend.name=marked", f"backend.options.marker={run}/marker.txt", "scheduler=fixed",
+                "scheduler.num_shards=2"] + ROUNDS,
+    "scheduler": ["scheduler.name=alternate", "scheduler.options.high=3"] + ROUNDS,
+}
+for name, over in cases.items():
+    summary = train(load_config(over + SHORT + [f"run.dir={run}/{name}"]))
+    out[name] = {"final_return": summary["final_return"], "params_sha256": summary["params_sha256"]}
+errors = {}
+for name, over in {"bad_option": ["trainer=fused", "algo.loss=clipped_kl", "algo.loss_options.kl=1"],
+                   "bad_type": ["trainer=fused", "algo.network=wide", "algo.network_options.width=wide"],
+                   "unknown": ["trainer=fused", "algo.loss=nope"]}.items():
+    try:
+        train(load_config(over + SHORT + [f"run.dir={run}/{name}"]))
+    except Exception as err:
+        errors[name] = str(err)
+out["errors"] = errors
+print("RESULT " + json.dumps(out))
+"""
+
+
+def readme_files() -> dict:
+    """`{path: text}` of the README's Extending blocks, each naming its file on line one."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Extending"):]
+    files = {}
+    for block in re.findall(r"```(?:python|toml)\n(.*?)```", section, re.S):
+        first, _, body = block.partition("\n")
+        match = re.match(r"# file: (\S+)", first)
+        if match:
+            files[match.group(1)] = body
+    return files
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    src, site = tmp_path_factory.mktemp("plugin-src"), tmp_path_factory.mktemp("site")
+    for name, body in readme_files().items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(body)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+           "--no-index", "--target", str(site), str(src)]
+    subprocess.run(pip, check=True, capture_output=True, timeout=300)
+    return site
+
+
+def test_readme_holds_the_five_plugins():
+    files = readme_files()
+    assert set(files) == {"pyproject.toml", "jaxrl_dist_example/plugins.py"}
+    for group in ("losses", "networks", "env_suites", "backends", "schedulers"):
+        assert f'"jaxrl_dist.{group}"' in files["pyproject.toml"]
+
+
+def test_each_plugin_trains_cartpole_from_an_installed_distribution(installed, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(installed))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    for name in ("loss", "network", "suite", "backend", "scheduler"):
+        assert len(out[name]["params_sha256"]) == 64, name
+    # the loss's own metric is logged under its own name
+    recs = [json.loads(x) for x in (tmp_path / "loss" / "metrics.jsonl").read_text().splitlines()]
+    assert all("kl_penalty" in r for r in recs)
+    # the wider network really is wider than the default (64, 64)
+    assert out["network"]["params_sha256"] != out["loss"]["params_sha256"]
+    marks = (tmp_path / "marker.txt").read_text().split()
+    assert marks and marks[1::2] == ["2"] * (len(marks) // 2)
+    shards = [json.loads(x)["num_shards"] for x in
+              (tmp_path / "scheduler" / "metrics.jsonl").read_text().splitlines()]
+    assert shards[:4] == [1, 3, 1, 3]
+    errors = out["errors"]
+    assert "algo.loss_options.kl: unknown option (options: kl_coef)" in errors["bad_option"]
+    assert "algo.network_options.width" in errors["bad_type"]
+    assert re.search(r"algo.loss: unknown loss 'nope' \(registered: .*clipped_kl.*ppo", errors["unknown"])
+    assert all("\n" not in e for e in errors.values())
