@@ -101,7 +101,7 @@ def test_local_backend_buckets_shard_counts_and_keeps_idle_slots(tmp_path):
 
     cfg = config("local", tmp_path)
     program = ShardProgram(spec_from_config(cfg, "gymnax", False))
-    train = init_train(make_learner(cfg, program, 3.0), 0)
+    train = init_train(make_learner(cfg, program.network, program.env.spec, 3.0), 0)
     table = init_table(program, 0, 4)
     backend = LocalBackend(cfg.backend)
     backend.start(Job(program.spec, 0, "t", program))

@@ -96,7 +96,7 @@ def _parts(cfg, suite: str = "gymnax"):
 
     spec = spec_from_config(cfg, suite, False)
     program = ShardProgram(spec)
-    params = init_train(make_learner(cfg, program, SHARDS), cfg.seed).params
+    params = init_train(make_learner(cfg, program.network, program.env.spec, SHARDS), cfg.seed).params
     return Job(spec, cfg.seed, "test", program), params, lambda: init_table(program, cfg.seed, 4)
 
 
