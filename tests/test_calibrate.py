@@ -104,7 +104,7 @@ def test_http_calibration_spawns_a_loopback_function(tmp_path, capsys):
 
 def scheduler_train(monkeypatch, capsys, tmp_path, task: str, *flags: str) -> tuple:
     """`jaxrl-dist scheduler train` up to the training itself (stubbed): the file's meta."""
-    monkeypatch.setattr(learned, "train_scheduler", lambda env, *a, **k: learned.Trained(
+    monkeypatch.setattr(scheduler_training, "train_scheduler", lambda env, *a, **k: learned.Trained(
         {}, scheduler_training._meta(env, scheduler_training.scheduler_config(env, 2, 2, 1))))
     out = tmp_path / "s.msgpack"
     assert cli.main(["scheduler", "train", task, "run.target_return=100", "scheduler.max_shards=2",

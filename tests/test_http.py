@@ -32,7 +32,7 @@ def server():
 
 
 def make_request(env_id="CartPole-v1", slot=2):
-    cfg = from_dict({"env": {"id": env_id}, "backend": {"name": "local", "envs_per_shard": 4},
+    cfg = from_dict({"trainer": "sync", "env": {"id": env_id}, "backend": {"name": "local", "envs_per_shard": 4},
                      "algo": {"num_steps": 16, "num_minibatches": 2}})
     spec = shard.spec_from_config(cfg, "gymnax", env_id == "Pendulum-v1")
     prog = shard.ShardProgram(spec)

@@ -68,7 +68,7 @@ def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
     scale = mdp.Scale(**loaded.meta["scale"])
     x = np.asarray(mdp.features(mdp.obs_from_records([], scale), scale, np))
     assert 1 <= act(x) <= M
-    cfg = from_dict({**json.loads(json.dumps({"backend": {"name": "local", "envs_per_shard": 2,
+    cfg = from_dict({"trainer": "sync", **json.loads(json.dumps({"backend": {"name": "local", "envs_per_shard": 2,
                                                            "max_shards": M}})),
                      "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
                               "total_timesteps": 2 * 8 * 6},
@@ -104,7 +104,7 @@ def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.scheduling.schedulers import make_scheduler
 
-    base = {"env": {"id": "Acrobot-v1"}, "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
+    base = {"trainer": "sync", "env": {"id": "Acrobot-v1"}, "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
     cfg = from_dict({**base, "run": {"target_return": -100.0}, "scheduler": {"name": "learned",
                                                                               "min_return": -500.0}})
     sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
@@ -119,7 +119,7 @@ def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
 def test_an_envpool_task_cannot_be_the_scheduling_mdp():
     from jaxrl_dist.config import ConfigError, CostConfig
 
-    cfg = from_dict({"env": {"id": "CartPole-v1", "suite": "envpool"}, "backend": {"name": "local"}})
+    cfg = from_dict({"trainer": "sync", "env": {"id": "CartPole-v1", "suite": "envpool"}, "backend": {"name": "local"}})
     opts = mdp.SchedOptions(2, 4, 475.0, 0.5, 10.0, profile.Profile(), mdp.Scale(0.0, 500.0, 4, 2))
     with pytest.raises(ConfigError, match="env.id: the scheduling MDP runs the task in JAX"):
         mdp.SchedulingEnv(cfg, CostConfig(), opts, 2)

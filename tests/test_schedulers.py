@@ -35,7 +35,7 @@ def config(run_dir, scheduler: dict, rounds_of_steps: int = 10, **over):
     return from_dict({
         "algo": {"total_timesteps": SHARD_STEPS * rounds_of_steps, "num_steps": 16,
                  "num_minibatches": 2, "update_epochs": 1},
-        "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 4},
+        "trainer": "sync", "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 4},
         "scheduler": scheduler,
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
         **over,
