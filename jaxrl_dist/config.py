@@ -90,6 +90,8 @@ class BackendConfig:
     envs_per_shard: int = 4
     shard_timeout: float = 60.0  # seconds before a shard is retried
     max_retries: int = 2  # extra tries of a failed shard, with the same keys
+    retry_backoff_s: float = 0.05  # the first wait before a retry (jittered); it doubles each try ...
+    retry_backoff_max_s: float = 2.0  # ... up to this (a 429/503 Retry-After can ask for longer)
     address: Optional[str] = None  # ray: cluster address ("auto", "ray://h:p"); null starts one
     num_cpus: float = 1.0  # ray: CPUs reserved per actor
     urls: tuple = ()  # http: function endpoints
@@ -372,6 +374,9 @@ def _check_rounds(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if b.max_retries < 0:
         raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
+    for key in ("retry_backoff_s", "retry_backoff_max_s"):
+        if getattr(b, key) < 0:
+            raise ConfigError(f"backend.{key} must be >= 0, got {getattr(b, key)}")
     if s.name == "fixed" and s.num_shards > b.max_shards and cfg.trainer.name == "sync":
         raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
     if cfg.num_seeds != 1:

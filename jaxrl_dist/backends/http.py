@@ -4,9 +4,11 @@ Each round's requests go out at once from an `httpx.AsyncClient` on a
 private event loop. Slot `s` goes first to endpoint `s % len(urls)` (so an
 envpool slot keeps landing on the instance that holds its envs); a shard that
 fails or passes `backend.shard_timeout` is retried with the same keys on the
-next endpoint, up to `backend.max_retries` times. With every try spent the
-round raises `BackendError`. Bodies are msgpack, raw-deflated with
-`backend.compression=deflate`; the params are packed once per round.
+next endpoint under the backends' retry policy (`retry.py`: up to
+`backend.max_retries` times, after a backoff, or the wait a 429/503 answer's
+`Retry-After` asks for). With every try spent the round raises `BackendError`.
+Bodies are msgpack, raw-deflated with `backend.compression=deflate`; the
+params are packed once per round.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import time
 
 from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
 from jaxrl_dist.backends import wire
+from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
+FINAL_CODES = (400, 401, 413, 422)  # the request itself is wrong: another try cannot help
 
 
 class HttpBackend:
@@ -26,6 +30,7 @@ class HttpBackend:
 
     def __init__(self, cfg):
         self.cfg = cfg
+        self.retry = RetryPolicy.from_config(cfg)
         self.urls = [u.rstrip("/") + "/v1/rollout" for u in cfg.urls]
         if not self.urls:
             raise BackendError("backend.urls: the http backend needs at least one endpoint")
@@ -57,22 +62,29 @@ class HttpBackend:
         self.templates = wire.output_templates(job.program)
 
     async def _post(self, slot: int, body: bytes):
-        """Post one shard, trying endpoints in turn; `(body, retries, url, bytes on the wire)`."""
-        errors = []
-        for attempt in range(self.cfg.max_retries + 1):
-            url = self.urls[(slot + attempt) % len(self.urls)]
-            try:
-                resp = await asyncio.wait_for(
-                    self._client.post(url, content=body, headers=self.headers), self.cfg.shard_timeout)
-            except Exception as err:  # connection refused, timeout, reset: try the next endpoint
-                errors.append(f"{url}: {type(err).__name__} {err}".strip())
-                continue
-            if resp.status_code == 200:  # httpx has inflated a deflated response already
-                return resp.content, attempt, url, resp.num_bytes_downloaded
-            errors.append(f"{url}: HTTP {resp.status_code} {resp.text[:200]}")
-            if resp.status_code in (400, 401, 413, 422):
-                break  # the request itself is wrong: another try cannot help
-        raise BackendError(f"shard slot {slot} failed after {len(errors)} tries: {errors[-1]}")
+        """Post one shard under the retry policy, each try on the next endpoint;
+        `(body, retries, url, bytes on the wire)`."""
+        def post(attempt: int):
+            return self._post_once(self.urls[(slot + attempt) % len(self.urls)], body)
+
+        try:
+            (content, url, size), retries = await self.retry.call_async(post)
+        except GaveUp as gave_up:
+            raise BackendError(f"shard slot {slot} failed after {gave_up.tries} tries: "
+                               f"{gave_up.error}") from gave_up.error
+        return content, retries, url, size
+
+    async def _post_once(self, url: str, body: bytes):
+        """One try at `url`: `(body, url, bytes on the wire)`, or a `Failure` naming the url."""
+        try:
+            resp = await asyncio.wait_for(
+                self._client.post(url, content=body, headers=self.headers), self.cfg.shard_timeout)
+        except Exception as err:  # connection refused, timeout, reset: worth a try elsewhere
+            raise Failure(f"{url}: {type(err).__name__} {err}".strip()) from err
+        if resp.status_code == 200:  # httpx has inflated a deflated response already
+            return resp.content, url, resp.num_bytes_downloaded
+        raise Failure(f"{url}: HTTP {resp.status_code} {resp.text[:200]}",
+                      retryable=resp.status_code not in FINAL_CODES, retry_after_s=retry_after_s(resp))
 
     async def _round(self, bodies: list, slots: list):
         # every shard runs to its end before the round fails: a task still

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends.retry import GaveUp, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 
 
@@ -59,18 +60,18 @@ class LocalBackend:
         self.cfg = cfg
         self._fns = {}
         self._worker = ShardWorker("local")
+        self.retry = RetryPolicy.from_config(cfg)
 
     def start(self, job: Job) -> None:
         self.job = job
 
     def _attempt(self, fn):
-        """Run `fn` with `backend.max_retries` retries (the same keys each time)."""
-        for attempt in range(self.cfg.max_retries + 1):
-            try:
-                return fn(), attempt
-            except Exception as err:  # a failed shard is retried; the last failure ends the run
-                last = err
-        raise BackendError(f"local shard failed after {self.cfg.max_retries + 1} tries: {last}") from last
+        """`(fn(), retries)` under the retry policy (`fn` reuses the same keys each try)."""
+        try:
+            return self.retry.call(lambda _: fn())
+        except GaveUp as gave_up:  # the last failure ends the run
+            why = f"local shard failed after {gave_up.tries} tries: {gave_up.error}"
+            raise BackendError(why) from gave_up.error
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()

@@ -18,7 +18,8 @@ driver checks against the learner's templates. The actor checks the request
 against its own program's templates the same way.
 
 A shard that raises, or has not answered after `backend.shard_timeout`
-seconds, is run again with the same keys, up to `backend.max_retries` times;
+seconds, is run again with the same keys under the backends' retry policy
+(`retry.py`: up to `backend.max_retries` times, after a backoff);
 an actor that died (or timed out, and is killed) is replaced for its slot
 (an envpool slot's episodes restart there: the shard reports `reset`). A
 round whose shard still fails raises `BackendError` naming the slot.
@@ -36,6 +37,7 @@ import ray
 from jaxrl_dist.backends import (BackendError, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
                                  bucket, stack_outputs)
 from jaxrl_dist.backends import wire
+from jaxrl_dist.backends.retry import Failure, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
@@ -116,6 +118,7 @@ class RayBackend:
 
     def __init__(self, cfg):
         self.cfg = cfg
+        self.retry = RetryPolicy.from_config(cfg)
         self._actors: dict = {}  # slot -> actor handle
         self._owns_runtime = False
         self.job: Optional[Job] = None
@@ -201,23 +204,36 @@ class RayBackend:
         sent = len(params_body)
         bodies = [None] * n
         pending, deadlines = {}, {}  # ref -> task index; task index -> deadline
+        later = {}  # task index -> when it goes again (a failed shard waiting out its backoff)
         tries = [0] * n
 
-        def submit(i: int, actor=None):
+        def submit(i: int):
             nonlocal sent
-            actor = actor or self._actor(tasks[i].slot)
-            ref = actor.run.remote(params_ref, bodies[i])
+            ref = self._actor(tasks[i].slot).run.remote(params_ref, bodies[i])
             pending[ref] = i
             deadlines[i] = time.perf_counter() + cfg.shard_timeout
             sent += len(bodies[i])
 
         def failed(i: int, why: str, dead: bool):
-            slot = tasks[i].slot
-            if tries[i] >= cfg.max_retries:
+            # the retry policy decides, as for every backend; the wait is served by the
+            # polling loop below, so the other shards' answers are taken meanwhile
+            slot, error = tasks[i].slot, Failure(why)
+            if not self.retry.allows(tries[i] + 1, error):
                 count = f"{tries[i] + 1} {'try' if tries[i] == 0 else 'tries'}"
                 raise BackendError(f"ray shard for slot {slot} failed after {count}: {why}")
             tries[i] += 1
-            submit(i, self._replace(slot) if dead else None)
+            if dead:  # the replacement starts during the wait
+                self._replace(slot)
+            later[i] = time.perf_counter() + self.retry.wait_s(tries[i], error)
+
+        def submit_due() -> Optional[float]:
+            """Submit the shards whose wait is over; seconds to the next event (None: none)."""
+            now = time.perf_counter()
+            for i in [i for i, due in later.items() if due <= now]:
+                del later[i]
+                submit(i)
+            times = [deadlines[i] for i in pending.values()] + list(later.values())
+            return max(0.0, min(times) - now) if times else None
 
         for i, t in enumerate(tasks):  # each shard goes as soon as its request is encoded
             actor = None if job.spec.sticky else table.get(t.slot)
@@ -227,10 +243,11 @@ class RayBackend:
         t1 = time.perf_counter()
 
         replies, received = [None] * n, 0
-        while pending:
-            now = time.perf_counter()
+        while (wait := submit_due()) is not None:
             refs = list(pending)
-            wait = max(0.0, min(deadlines[pending[r]] for r in refs) - now)
+            if not refs:  # every shard left is waiting out its backoff
+                time.sleep(wait)
+                continue
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             for ref in ready:
                 i = pending.pop(ref)
