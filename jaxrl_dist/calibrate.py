@@ -55,6 +55,7 @@ from jaxrl_dist.trainers.logger import MetricsLogger
 from jaxrl_dist.trainers.sync import RoundTrainer
 from jaxrl_dist.trainers.sync import moved_bytes
 from jaxrl_dist.trainers.sync import shard_seconds
+from jaxrl_dist.backends import BACKENDS, capabilities
 
 
 class Options(NamedTuple):
@@ -130,7 +131,8 @@ class Recorder:
 
 def batched(cfg: Config) -> bool:
     """Whether the backend runs a round's shards as one batch (local, gymnax)."""
-    return cfg.backend.name == "local" and resolve_suite(cfg.env.id, cfg.env.suite) != "envpool"
+    batched = capabilities(BACKENDS.get(cfg.backend.name)).batched
+    return batched and resolve_suite(cfg.env.id, cfg.env.suite) != "envpool"
 
 
 def calibration_config(cfg: Config, opts: Options, run_dir: Path) -> Config:
@@ -246,7 +248,8 @@ def same_clock(cfg: Config, serve: Optional[LoopbackServe]) -> bool:
     """Whether the workers stamp their shards with this machine's clock, so a cold start
     can be read off against it (other hosts' clocks are not this one's)."""
     b = cfg.backend
-    return b.name == "local" or serve is not None or (b.name == "ray" and not b.address)
+    in_process = capabilities(BACKENDS.get(b.name)).in_process
+    return in_process or serve is not None or (b.name == "ray" and not b.address)
 
 
 def calibrate(cfg: Config, opts: Options = Options(), serve: Optional[LoopbackServe] = None,

@@ -142,13 +142,16 @@ def test_balance_starts_and_stops_one_actor_at_a_time():
 
 
 def test_actors_at_the_start_default_to_one_a_core_on_the_local_backend():
+    """The rule follows the backend's declared capability (shards on this process's
+    cores), not its name."""
     import os
-    from types import SimpleNamespace
+
+    from jaxrl_dist.backends import BACKENDS
 
     def start(backend="local", **async_):
         cfg = from_dict({"trainer": "async", "backend": {"name": backend, "urls": ["http://127.0.0.1:1"]},
                          "async": {"batch_chunks": 8, **async_}})
-        return asynchronous.AsyncTrainer._actor_range(SimpleNamespace(cfg=cfg))
+        return asynchronous.actor_range(cfg, BACKENDS.get(backend))
 
     assert start(max_staleness=1) == (min(8, os.cpu_count() or 1), 32)  # threads share the cores
     assert start(max_staleness=0) == (8, 32)  # staleness 0: K actors, the sync trainer's slots

@@ -94,8 +94,22 @@ class SlotTable:
         self.data = jax.tree.map(write, self.data, *states)
 
 
+class Capabilities(NamedTuple):
+    """What a backend can do, declared by the backend: trainers ask this, never its name."""
+
+    one_shard: bool = False  # `run_shard(index, params, task, state)`: one shard, no round around it
+    in_process: bool = False  # shards run on this process's cores, beside the learner
+    batched: bool = False  # a round's shards run as one batched program (they share its time)
+
+
+def capabilities(backend) -> Capabilities:
+    """A backend's (instance or class) declared capabilities; none declared: none."""
+    return getattr(backend, "capabilities", Capabilities())
+
+
 class Backend(Protocol):
     name: str
+    capabilities: Capabilities
 
     def start(self, job: Job) -> None: ...
 
@@ -104,8 +118,8 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
-    # optional: one shard on its own (the async trainer); `run_shard` below falls back
-    # to `run_round` with a one-slot table where a backend has none
+    # with `capabilities.one_shard`: one shard on its own (the async trainer); `run_shard`
+    # below falls back to `run_round` with a one-slot table for the others
     # def run_shard(self, index: int, params, task: ShardTask, state) -> tuple: ...
 
 
@@ -129,7 +143,7 @@ def run_shard(backend, index: int, params, task: ShardTask, state) -> tuple:
     backend's dispatch/wait/transfer stats."""
     import numpy as np
 
-    if hasattr(backend, "run_shard"):
+    if capabilities(backend).one_shard:
         return backend.run_shard(index, params, task, state)
     table = None if state is None else OneSlot(state)
     result = backend.run_round(index, params, [task], table)
@@ -189,6 +203,6 @@ def stack_outputs(outputs: list, k: int):
     return traj, boot
 
 
-__all__ = ["Backend", "BackendError", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
+__all__ = ["Backend", "BackendError", "Capabilities", "capabilities", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
            "run_shard",
            "make_backend", "available", "bucket", "stack_outputs", "GROUP"]

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import BackendError, Capabilities, Job, RoundResult, ShardInfo, bucket, stack_outputs
 from jaxrl_dist.backends.retry import GaveUp, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 
@@ -54,7 +54,10 @@ def _stats(wait_s: float) -> dict:
 
 
 class LocalBackend:
+    """Shards in this process: a round is one jitted, batched call; one shard runs alone too."""
+
     name = "local"
+    capabilities = Capabilities(one_shard=True, in_process=True, batched=True)
 
     def __init__(self, cfg):
         self.cfg = cfg

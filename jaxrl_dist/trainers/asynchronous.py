@@ -53,6 +53,7 @@ import os
 import queue
 import threading
 import time
+import uuid
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -61,13 +62,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, run_shard
+from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, capabilities, run_shard
 from jaxrl_dist.config import Config
 from jaxrl_dist.backends.shard import learn_key
 from jaxrl_dist.scheduling.cost import AsyncAccount
 from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
-from jaxrl_dist.trainers.sync import (RoundTrainer, train_rounds, TrainState, charged_bytes, cost_fields, init_table,
-                               init_train, recent_return_of, round_keys, shard_seconds, straggle)
+from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, init_table, init_train,
+                                      limit_reason, param_bytes, recent_return_of, round_keys, shard_parts,
+                                      shard_seconds, straggle, target_reason, train_rounds, wall_origin)
 from jaxrl_dist.backends import wire
 
 
@@ -172,12 +174,177 @@ def balance(active: int, production: float, consumption: float, tolerance: float
     return active - step if worth(active - step, active + step) else active
 
 
-class AsyncTrainer(RoundTrainer):
-    """Owns the async run's learner, backend, actors and state; `run()` trains to the end."""
+class ActorPool:
+    """The actors: one thread per active slot, each running its slot's chunks back to
+    back under the staleness gate and delivering them to one queue."""
 
-    def _expected_shards(self) -> float:
-        self.scheduler = None  # the balancer sets the actors; the learner takes K chunks
-        return float(self.cfg.asynchronous.batch_chunks)
+    def __init__(self, cfg: Config, backend, gate: Gate, counts, base):
+        self.cfg, self.backend, self.gate = cfg, backend, gate
+        self.queue, self.lock, self.threads = queue.Queue(), threading.Lock(), {}
+        self.wanted = [False] * cfg.backend.max_shards
+        self.counts = [int(c) for c in np.asarray(counts)]  # chunks made per slot
+        self.base = base  # `[M, ...]` host slot states of the checkpoint (None: sticky)
+        self.produced = {}  # slot -> its state after its last delivered chunk
+
+    def slot_state(self, slot: int):
+        """The slot's env state after its last delivered chunk (None: sticky)."""
+        if self.base is None:
+            return None
+        if slot in self.produced:
+            return self.produced[slot]
+        return jax.tree.map(lambda x: x[slot], self.base)
+
+    def _start(self, slot: int) -> None:
+        """Run slot `slot`'s chunks from where its last delivered one left off."""
+        t = threading.Thread(target=self._actor, args=(slot, self.slot_state(slot)), daemon=True,
+                             name=f"jaxrl-dist-actor-{slot}")
+        self.threads[slot] = t
+        t.start()
+
+    def _actor(self, slot: int, state) -> None:
+        ticket = self.gate.claim()
+        try:
+            while ticket is not None:
+                got = self.gate.wait(ticket)
+                if got is None:
+                    self.gate.release(ticket)
+                    return
+                chunk = self._chunk(slot, state, *got)
+                state = chunk.output.actor
+                ticket = self._deliver(chunk)
+        except Exception as err:  # the backend spent its retries: the learner stops the run
+            self.queue.put(err)
+
+    def _chunk(self, slot: int, state, params, version: int) -> Chunk:
+        """The slot's next chunk, made with `params` of `version`."""
+        index, t0 = self.counts[slot], time.perf_counter()
+        keys, _ = round_keys(self.cfg.seed, index, [slot])
+        out, info, stats = run_shard(self.backend, index, params, ShardTask(slot, keys[0]), state)
+        factor = float(straggle([info], self.cfg.backend, self.produced, index)[0])
+        return Chunk(slot, index, version, out, info, stats, factor, time.perf_counter() - t0)
+
+    def _deliver(self, chunk: Chunk) -> Optional[int]:
+        """Queue a chunk and claim the actor's next ticket in one step (so that at
+        staleness 0 every actor holds one ticket of the next version before this
+        version's last chunk can arrive); None when the actor stops here."""
+        with self.lock:
+            s = chunk.slot
+            self.counts[s] = chunk.index + 1
+            self.produced[s] = chunk.output.actor
+            go_on = self.wanted[s] and not self.gate.stopping
+            ticket = self.gate.claim() if go_on else None
+            self.queue.put(chunk)
+            if not go_on:
+                del self.threads[s]
+            return ticket
+
+    def set_active(self, n: int) -> None:
+        """Start or stop actors (lowest free slots first) until `n` are wanted."""
+        with self.lock:
+            wanted = [s for s, w in enumerate(self.wanted) if w]
+            for s in wanted[n:]:
+                self.wanted[s] = False
+            for s in range(len(self.wanted)):
+                if len(wanted) >= n:
+                    break
+                if not self.wanted[s] and s not in self.threads:
+                    self.wanted[s] = True
+                    wanted.append(s)
+                    self._start(s)
+
+    def collect(self, version: int) -> tuple:
+        """`K` chunks fresh enough for `version`, and the ones dropped as too stale."""
+        a, b = self.cfg.asynchronous, self.cfg.backend
+        patience = b.shard_timeout * (b.max_retries + 1) + 60.0  # every actor's retries, and more
+        fresh, dropped = [], []
+        while len(fresh) < a.batch_chunks:
+            try:
+                item = self.queue.get(timeout=patience)
+            except queue.Empty:
+                raise BackendError(f"async: no chunk arrived in {patience:g} s") from None
+            if isinstance(item, Exception):
+                raise item if isinstance(item, BackendError) else BackendError(
+                    f"actor failed: {type(item).__name__}: {item}") from item
+            if version - item.version <= a.max_staleness:
+                fresh.append(item)
+            else:
+                dropped.append(item)
+                self.gate.refund()
+        return sorted(fresh, key=lambda c: (c.slot, c.index)), dropped
+
+    def stop(self) -> None:
+        self.gate.stop()
+        b = self.cfg.backend
+        for t in list(self.threads.values()):
+            t.join(timeout=b.shard_timeout * (b.max_retries + 1) + 5)
+
+
+class Balancer:
+    """Production against consumption, and the learned rate measured at each actor count:
+    decides how many actors run (see `balance`)."""
+
+    def __init__(self, a, active: int, top: int):
+        self.a, self.active, self.top = a, active, top
+        self.chunk_s = deque(maxlen=64)  # the actors' seconds per chunk
+        self.update_s = deque(maxlen=a.balance_every)  # the learner's seconds per update
+        # learned chunks/s per actor count, and where the current level's window began
+        self.rates, self.learned, self.level_start = {}, 0, None
+
+    def observe(self, taken: list, learned: int) -> None:
+        """An update's chunks: those taken (learned or dropped), `learned` of them learned."""
+        self.chunk_s.extend(c.busy_s for c in taken)
+        self.learned += learned
+        if self.level_start is None:  # windows start after the first update: no start-up
+            self.level_start = (time.perf_counter(), self.learned)
+
+    def step(self) -> int:
+        """The actor count to run next (measures the current level's rate first)."""
+        if not self.chunk_s or not self.update_s or self.level_start is None:
+            return self.active
+        production = self.active / float(np.mean(self.chunk_s))
+        consumption = self.a.batch_chunks / float(np.mean(self.update_s))
+        now, (t0, learned0) = time.perf_counter(), self.level_start
+        rate = (self.learned - learned0) / max(now - t0, 1e-9)
+        old = self.rates.get(self.active)
+        self.rates[self.active] = rate if old is None else 0.5 * (old + rate)
+        self.active = balance(self.active, production, consumption, self.a.balance_tolerance,
+                              self.a.min_actors, self.top, self.rates)
+        self.level_start = (now, self.learned)
+        return self.active
+
+
+def actor_range(cfg: Config, backend) -> tuple:
+    """`(actors at the start, most the balancer may run)`. Unset, the start is `K`, or
+    on a backend whose shards run on this process's cores (with staleness allowed) at
+    most one actor a core: there actors compete with each other and the learner, and
+    the balancer adds more if production falls short."""
+    a, b = cfg.asynchronous, cfg.backend
+    top = a.max_actors if a.max_actors is not None else b.max_shards
+    first = a.actors
+    if first is None:
+        first = a.batch_chunks
+        if capabilities(backend).in_process and a.max_staleness > 0:
+            first = max(a.min_actors, min(first, os.cpu_count() or 1))
+    return first, top
+
+
+class AsyncTrainer:
+    """The async run: the shared parts (learner, backend, checkpointer), an actor pool
+    with its staleness gate, and a balancer; `run()` trains to the end."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resuming: bool):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.expected = float(cfg.asynchronous.batch_chunks)  # the learner takes K chunks an update
+        self.spec, self.program, self.learner, self.backend, self.ckpt = shard_parts(cfg, run_dir, self.expected)
+        self.state = self._start(resuming)
+        self.pool, self.balancer, self.account = None, None, None
+        self.staleness, self.dropped_total, self.stop_reason = Counter(), 0, None
+        self._ledger = {}  # slot -> state after its last taken chunk (what a checkpoint holds)
+        self._ledger_counts = [int(c) for c in np.asarray(self.state.counts)]
+        self._done = queue.Queue()  # updates for the bookkeeping thread
+        self._late_stop, self._books_error = None, None
+        self._wall0, self._param_bytes, self._last_update_t = 0.0, 0, time.perf_counter()
+        self._learn_chunks, self._warm = self._learn_fn(), None
 
     def _start(self, resuming: bool) -> AsyncState:
         M = self.cfg.backend.max_shards
@@ -189,103 +356,7 @@ class AsyncTrainer(RoundTrainer):
             state = self.ckpt.restore(state)
         return state
 
-    # -- actors ------------------------------------------------------------
-
-    def _start_actor(self, slot: int) -> None:
-        """Run slot `slot`'s chunks from where its last delivered one left off."""
-        t = threading.Thread(target=self._actor, args=(slot, self._slot_state(slot)), daemon=True,
-                             name=f"jaxrl-dist-actor-{slot}")
-        self._threads[slot] = t
-        t.start()
-
-    def _slot_state(self, slot: int):
-        """The slot's env state after its last delivered chunk (None: sticky)."""
-        if self._base is None:
-            return None
-        if slot in self._produced:
-            return self._produced[slot]
-        return jax.tree.map(lambda x: x[slot], self._base)
-
-    def _actor(self, slot: int, state) -> None:
-        b, seed = self.cfg.backend, self.cfg.seed
-        ticket = self.gate.claim()
-        try:
-            while True:
-                got = self.gate.wait(ticket)
-                if got is None:
-                    self.gate.release(ticket)
-                    return
-                params, version = got
-                index = self._counts[slot]
-                t0 = time.perf_counter()
-                keys, _ = round_keys(seed, index, [slot])
-                out, info, stats = run_shard(self.backend, index, params, ShardTask(slot, keys[0]), state)
-                factor = float(straggle([info], b, self._produced, index)[0])
-                state = out.actor
-                chunk = Chunk(slot, index, version, out, info, stats, factor, time.perf_counter() - t0)
-                ticket = self._deliver(chunk)
-                if ticket is None:
-                    return
-        except Exception as err:  # the backend spent its retries: the learner stops the run
-            self._queue.put(err)
-
-    def _deliver(self, chunk: Chunk) -> Optional[int]:
-        """Queue a chunk and claim the actor's next ticket in one step (so that at
-        staleness 0 every actor holds one ticket of the next version before this
-        version's last chunk can arrive); None when the actor stops here."""
-        with self._lock:
-            s = chunk.slot
-            self._counts[s] = chunk.index + 1
-            self._produced[s] = chunk.output.actor
-            go_on = self._wanted[s] and not self.gate.stopping
-            ticket = self.gate.claim() if go_on else None
-            self._queue.put(chunk)
-            if not go_on:
-                del self._threads[s]
-            return ticket
-
-    def _set_active(self, n: int) -> None:
-        """Start or stop actors (lowest free slots first) until `n` are wanted."""
-        with self._lock:
-            wanted = [s for s, w in enumerate(self._wanted) if w]
-            for s in wanted[n:]:
-                self._wanted[s] = False
-            for s in range(len(self._wanted)):
-                if len(wanted) >= n:
-                    break
-                if not self._wanted[s] and s not in self._threads:
-                    self._wanted[s] = True
-                    wanted.append(s)
-                    self._start_actor(s)
-
     # -- learner -----------------------------------------------------------
-
-    def _collect(self, version: int) -> tuple:
-        """`K` chunks fresh enough for `version`, and the ones dropped as too stale."""
-        K, S = self.cfg.asynchronous.batch_chunks, self.cfg.asynchronous.max_staleness
-        b = self.cfg.backend
-        patience = b.shard_timeout * (b.max_retries + 1) + 60.0  # every actor's retries, and more
-        fresh, dropped = [], []
-        while len(fresh) < K:
-            try:
-                item = self._queue.get(timeout=patience)
-            except queue.Empty:
-                raise BackendError(f"async: no chunk arrived in {patience:g} s") from None
-            if isinstance(item, Exception):
-                raise item if isinstance(item, BackendError) else BackendError(
-                    f"actor failed: {type(item).__name__}: {item}") from item
-            if version - item.version <= S:
-                fresh.append(item)
-            else:
-                dropped.append(item)
-                self.gate.refund()
-        return sorted(fresh, key=lambda c: (c.slot, c.index)), dropped
-
-    def _take(self, chunks: list) -> None:
-        """Move the checkpointed slot states and counts past chunks the learner took."""
-        for c in chunks:
-            self._ledger[c.slot] = c.output.actor
-            self._ledger_counts[c.slot] = c.index + 1
 
     def _learn_fn(self):
         """Jitted `(train, outputs, key, lag) -> (train, metrics)`: the core update on
@@ -318,7 +389,6 @@ class AsyncTrainer(RoundTrainer):
         every update takes the corrected variant: a chunk with lag 0 gets weights of
         exactly 1 and its own values there, so it is GAE, and one program compiles
         at start-up instead of two."""
-        self._learn_chunks = self._learn_fn()
         out = wire.output_templates(self.program)
         zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
         K = self.cfg.asynchronous.batch_chunks
@@ -330,6 +400,8 @@ class AsyncTrainer(RoundTrainer):
         thread.start()
         return thread
 
+    # -- the run -----------------------------------------------------------
+
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         """Learn update after update until `algo.total_timesteps` or a `run.*` stop
         condition (`self.stop_reason`); returns this run's records (one per update).
@@ -337,11 +409,8 @@ class AsyncTrainer(RoundTrainer):
         This thread only collects, learns and publishes; a bookkeeping thread
         writes each update's record, cost, checkpoint and balance decision while
         the next update computes (and stops the run at the target or budget)."""
-        import uuid
-
-        cfg = self.cfg
         self._setup_run(history, t_start)
-        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
+        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program))
         train, version = self.state.train, int(self.state.round)
         env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
         records = []
@@ -358,97 +427,78 @@ class AsyncTrainer(RoundTrainer):
         finally:
             self._done.put(None)
             books.join()
-            self.gate.stop()
-            self._join_actors()
+            self.pool.stop()
             self.backend.close()
         if self._books_error is not None:
             raise self._books_error
         self._save_async(train, version)
         return records
 
-    def _bookkeeping(self, logger, so_far: list, records: list) -> None:
-        """Each update's record, log line, checkpoint and balance step, in order."""
-        cfg, a = self.cfg, self.cfg.asynchronous
-        env_steps = sum(rec["num_shards"] for rec in so_far) * self.learner.steps_per_shard
-        try:
-            while (item := self._done.get()) is not None:
-                train, version, chunks, dropped, metrics, lag, t1 = item
-                metrics, times = self._finished(metrics, t1)
-                # published once computed: an actor given params still in flight would
-                # wait for the update instead of working beside it
-                self.gate.publish(train.params, version)
-                self._take(chunks + dropped)
-                self._window["chunk_s"].extend(c.busy_s for c in chunks + dropped)
-                self._learned += len(chunks)
-                if self._level_start is None:  # windows start after the first update: no start-up
-                    self._level_start = (time.perf_counter(), self._learned)
-                rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
-                env_steps = rec["env_steps"]
-                so_far.append(rec)
-                rec["return_recent"] = recent_return_of(so_far, cfg.run.target_episodes)
-                logger.log([rec])
-                records.append(rec)
-                self._late_stop = self._late_stop or self._stop_late(so_far)
-                if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
-                    self._save_async(train, version)
-                if a.balance and version % a.balance_every == 0:
-                    self._rebalance()
-        except Exception as err:  # the learner stops at its next check and re-raises it
-            self._books_error, self._late_stop = err, "error"
-
     def _setup_run(self, history: list, t_start: Optional[float]) -> None:
-        """Clocks, cost account, queues and the per-run statistics."""
+        """The cost account and both clocks, continuing a resumed run's."""
         last = history[-1] if history else {}
-        M = self.cfg.backend.max_shards
-        first, top = self._actor_range()
-        self.account = AsyncAccount(self.cfg.cost, M, int(self.state.round),
+        first, top = actor_range(self.cfg, self.backend)
+        self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
                                     last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0),
                                     prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
-        self._wall0 = (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
-        self._param_bytes = sum(x.nbytes for x in jax.tree.leaves(self.state.train.params))
-        self._queue, self._lock, self._threads = queue.Queue(), threading.Lock(), {}
-        self._wanted = [False] * M
-        self._counts = [int(c) for c in np.asarray(self.state.counts)]
-        self._ledger_counts = list(self._counts)
-        self._base = self.state.table  # `[M, ...]` host slot states of the checkpoint (None: sticky)
-        self._ledger, self._produced = {}, {}  # slot -> state after its last taken / delivered chunk
-        self.staleness = Counter()
-        self._window = {"chunk_s": deque(maxlen=64), "update_s": deque(maxlen=self.cfg.asynchronous.balance_every)}
+        self._wall0 = wall_origin(history, t_start)
+        self._param_bytes = param_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
-        # learned chunks/s per actor count, and where the current level's window began
-        self._rates, self._learned, self._level_start = {}, 0, None
-        self.dropped_total = 0
-        self._done = queue.Queue()  # updates for the bookkeeping thread
-        self._late_stop, self._books_error = None, None
-
-    def _actor_range(self) -> tuple:
-        """`(actors at the start, most the balancer may run)`. Unset, the start is `K`,
-        or on the local backend (with staleness allowed) at most one actor a core:
-        there actors are threads on this machine's cores, more of them compete with
-        each other and the learner, and the balancer adds more if production falls short."""
-        a, b = self.cfg.asynchronous, self.cfg.backend
-        top = a.max_actors if a.max_actors is not None else b.max_shards
-        first = a.actors
-        if first is None:
-            first = a.batch_chunks
-            if b.name == "local" and a.max_staleness > 0:
-                first = max(a.min_actors, min(first, os.cpu_count() or 1))
-        return first, top
 
     def _actors_on(self, train, version: int) -> None:
         a = self.cfg.asynchronous
-        self.gate = Gate(a.batch_chunks, a.max_staleness, version, train.params)
-        self.active = self._actor_range()[0]
-        self._set_active(self.active)
+        first, top = actor_range(self.cfg, self.backend)
+        gate = Gate(a.batch_chunks, a.max_staleness, version, train.params)
+        self.pool = ActorPool(self.cfg, self.backend, gate, self.state.counts, self.state.table)
+        self.balancer = Balancer(a, first, top)
+        self.pool.set_active(first)
 
-    def _join_actors(self) -> None:
-        for t in list(self._threads.values()):
-            t.join(timeout=self.cfg.backend.shard_timeout * (self.cfg.backend.max_retries + 1) + 5)
+    def _bookkeeping(self, logger, so_far: list, records: list) -> None:
+        """Each update's record, log line, checkpoint and balance step, in order."""
+        env_steps = sum(rec["num_shards"] for rec in so_far) * self.learner.steps_per_shard
+        try:
+            while (item := self._done.get()) is not None:
+                rec = self._book(item, env_steps, so_far)
+                env_steps = rec["env_steps"]
+                logger.log([rec])
+                records.append(rec)
+                self._after(item[0], item[1], so_far)
+        except Exception as err:  # the learner stops at its next check and re-raises it
+            self._books_error, self._late_stop = err, "error"
+
+    def _book(self, item: tuple, env_steps: int, so_far: list) -> dict:
+        """Wait for one update, publish its params and make its record."""
+        train, version, chunks, dropped, metrics, lag, t1 = item
+        metrics, times = self._finished(metrics, t1)
+        # published once computed: an actor given params still in flight would
+        # wait for the update instead of working beside it
+        self.pool.gate.publish(train.params, version)
+        self._take(chunks + dropped)
+        self.balancer.observe(chunks + dropped, len(chunks))
+        rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
+        so_far.append(rec)
+        rec["return_recent"] = recent_return_of(so_far, self.cfg.run.target_episodes)
+        return rec
+
+    def _after(self, train, version: int, so_far: list) -> None:
+        """The late stop conditions, the checkpoint and the balance step of an update."""
+        cfg, a = self.cfg, self.cfg.asynchronous
+        self._late_stop = self._late_stop or self._stop_late(so_far)
+        if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
+            self._save_async(train, version)
+        if a.balance and version % a.balance_every == 0:
+            self.pool.set_active(self.balancer.step())
+
+    def _take(self, chunks: list) -> None:
+        """Move the checkpointed slot states and counts past chunks the learner took."""
+        for c in chunks:
+            self._ledger[c.slot] = c.output.actor
+            self._ledger_counts[c.slot] = c.index + 1
 
     def _stop(self, version: int, env_steps: int) -> Optional[str]:
         """Why the learner stops before update `version + 1` (None: go on): the step
         or update budget here, the target or dollar budget as bookkeeping found them."""
-        self.stop_reason = self._late_stop or self._limit_reason(version, env_steps)
+        self.stop_reason = self._late_stop or limit_reason(self.cfg, version, env_steps)
         return self.stop_reason
 
     def _finished(self, metrics, dispatched: float) -> tuple:
@@ -458,12 +508,12 @@ class AsyncTrainer(RoundTrainer):
         done = time.perf_counter()
         times = {"learn": done - max(dispatched, self._last_update_t), "update": done - self._last_update_t}
         self._last_update_t = done
-        self._window["update_s"].append(times["learn"])
+        self.balancer.update_s.append(times["learn"])
         return metrics, times
 
     def _stop_late(self, records: list) -> Optional[str]:
         """The stop conditions that need the records: target reached, dollars spent."""
-        target, budget = self._target_reason(records), self.cfg.run.budget_usd
+        target, budget = target_reason(self.cfg, records), self.cfg.run.budget_usd
         if target is None and budget is not None and self.account.usd >= budget:
             return "budget"
         return target
@@ -471,7 +521,7 @@ class AsyncTrainer(RoundTrainer):
     def _update(self, train, version: int):
         """Collect `K` chunks and dispatch the update; bookkeeping publishes version + 1
         when it has computed. Returns `(train, chunks taken)`."""
-        chunks, dropped = self._collect(version)
+        chunks, dropped = self.pool.collect(version)
         t1 = time.perf_counter()
         train, metrics, lag = self._learn(train, chunks, version)
         self.staleness.update(int(x) for x in lag)
@@ -489,7 +539,7 @@ class AsyncTrainer(RoundTrainer):
                "num_shards": len(taken), "return": nan_to_none(metrics["return_mean"])}
         rec.update({k: nan_to_none(metrics[k]) for k in loss_keys(metrics)})
         rec.update({"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
-                    "dropped": len(dropped), "actors_active": self.active,
+                    "dropped": len(dropped), "actors_active": self.balancer.active,
                     "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
                     "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
                     "learn_s": times["learn"], "round_s": times["update"], "sps": len(chunks) * steps / dt,
@@ -520,28 +570,10 @@ class AsyncTrainer(RoundTrainer):
         moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
         return self.account.chunk(c.slot, c.version, seconds, moved)
 
-    def _rebalance(self) -> None:
-        a = self.cfg.asynchronous
-        chunk_s, update_s = self._window["chunk_s"], self._window["update_s"]
-        if not chunk_s or not update_s or self._level_start is None:
-            return
-        production = self.active / float(np.mean(chunk_s))
-        consumption = a.batch_chunks / float(np.mean(update_s))
-        now, (t0, learned0) = time.perf_counter(), self._level_start
-        rate = (self._learned - learned0) / max(now - t0, 1e-9)
-        old = self._rates.get(self.active)
-        self._rates[self.active] = rate if old is None else 0.5 * (old + rate)
-        new = balance(self.active, production, consumption, a.balance_tolerance, a.min_actors,
-                      self._actor_range()[1], self._rates)
-        self._level_start = (now, self._learned)
-        if new != self.active:
-            self.active = new
-            self._set_active(new)
-
     def _save_async(self, train, version: int) -> None:
         table = None
-        if self._base is not None:
-            table = SlotTable(self._base)
+        if self.state.table is not None:
+            table = SlotTable(self.state.table)
             if self._ledger:
                 table.put(list(self._ledger), list(self._ledger.values()))
             table = jax.tree.map(np.asarray, table.data)
@@ -556,10 +588,11 @@ class AsyncTrainer(RoundTrainer):
                 "max_staleness": self.cfg.asynchronous.max_staleness,
                 "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
                 "staleness_mean": (sum(k * v for k, v in self.staleness.items()) / total) if total else None,
-                "dropped_chunks": self.dropped_total, "actors_active_final": self.active,
+                "dropped_chunks": self.dropped_total,
+                "actors_active_final": self.balancer.active if self.balancer else None,
                 # env steps/s learned while n actors ran (the balancer's measurements)
-                "learned_rate_by_actors": {str(n): r * self.learner.steps_per_shard
-                                           for n, r in sorted(getattr(self, "_rates", {}).items())}}
+                "learned_rate_by_actors": {str(n): r * self.learner.steps_per_shard for n, r in
+                                           sorted((self.balancer.rates if self.balancer else {}).items())}}
 
 
 def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:

@@ -163,25 +163,64 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, 
     return rec
 
 
+class ShardParts(NamedTuple):
+    """What the sync and async trainers are built from."""
+
+    spec: Any  # shard.ShardSpec: what a worker builds a shard from
+    program: ShardProgram  # the env, network and rollout of one shard, on this process
+    learner: Any  # core.learner.Learner
+    backend: Any  # where shards run
+    ckpt: checkpoint.Checkpointer
+
+
+def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardParts:
+    """The shards' spec and program, the learner (its LR schedule sized for rounds of
+    `expected_shards`), the backend and the run's checkpointer."""
+    suite = resolve_suite(cfg.env.id, cfg.env.suite)
+    probe = ShardProgram(spec_from_config(cfg, suite, False))
+    spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
+    program = probe if spec == probe.spec else ShardProgram(spec)
+    learner = make_learner(cfg, program.network, program.env.spec, expected_shards)
+    return ShardParts(spec, program, learner, make_backend(cfg.backend), checkpoint.Checkpointer(run_dir))
+
+
+def limit_reason(cfg: Config, r: int, env_steps: int) -> Optional[str]:
+    """The step or round budget spent before round (or update) `r`, or None."""
+    if env_steps >= cfg.algo.total_timesteps:
+        return "total_timesteps"
+    if cfg.run.max_rounds is not None and r >= cfg.run.max_rounds:
+        return "max_rounds"
+    return None
+
+
+def target_reason(cfg: Config, records: list) -> Optional[str]:
+    """"target" when the last record reached it and `run.stop_at_target`, else None."""
+    run = cfg.run
+    if run.stop_at_target and records and reached(records[-1], run.target_return):
+        return "target"
+    return None
+
+
+def wall_origin(history: list, t_start: Optional[float]) -> float:
+    """Where the measured clock starts (`time.perf_counter()`), continuing a resumed run's."""
+    last = history[-1] if history else {}
+    return (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
+
+
+def param_bytes(params) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(params))
+
+
 class RoundTrainer:
     """Owns a run's learner, backend, scheduler and state; `run()` trains to the end."""
 
     def __init__(self, cfg: Config, run_dir: Path, resuming: bool):
         self.cfg, self.run_dir = cfg, run_dir
-        suite = _suite(cfg)
-        probe = ShardProgram(spec_from_config(cfg, suite, False))
-        self.spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
-        self.program = probe if self.spec == probe.spec else ShardProgram(self.spec)
-        self.expected = self._expected_shards()
-        self.learner = make_learner(cfg, self.program.network, self.program.env.spec, self.expected)
-        self.backend = make_backend(cfg.backend)
-        self.ckpt = checkpoint.Checkpointer(run_dir)
+        self.scheduler = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+        self.expected = self.scheduler.expected_shards()  # it sizes the LR schedule
+        self.spec, self.program, self.learner, self.backend, self.ckpt = shard_parts(cfg, run_dir, self.expected)
         self.state = self._start(resuming)
-
-    def _expected_shards(self) -> float:
-        """Shards a round is expected to run (it sizes the LR schedule); makes the scheduler."""
-        self.scheduler = make_scheduler(self.cfg.scheduler, self.cfg.backend, self.cfg)
-        return self.scheduler.expected_shards()
+        self.account, self.stop_reason, self._wall0, self._param_bytes = None, None, 0.0, 0
 
     def _start(self, resuming: bool) -> RoundState:
         train = init_train(self.learner, self.cfg.seed)
@@ -207,22 +246,7 @@ class RoundTrainer:
 
     def _stop_reason(self, r: int, env_steps: int, records: list) -> Optional[str]:
         """Why the run stops before round `r` (0-based), or None to go on."""
-        return self._limit_reason(r, env_steps) or self._target_reason(records)
-
-    def _limit_reason(self, r: int, env_steps: int) -> Optional[str]:
-        """The step or round budget spent before round `r`, or None."""
-        if env_steps >= self.cfg.algo.total_timesteps:
-            return "total_timesteps"
-        if self.cfg.run.max_rounds is not None and r >= self.cfg.run.max_rounds:
-            return "max_rounds"
-        return None
-
-    def _target_reason(self, records: list) -> Optional[str]:
-        """"target" when the last record reached it and `run.stop_at_target`, else None."""
-        run = self.cfg.run
-        if run.stop_at_target and records and reached(records[-1], run.target_return):
-            return "target"
-        return None
+        return limit_reason(self.cfg, r, env_steps) or target_reason(self.cfg, records)
 
     def _over_budget(self, n: int) -> bool:
         """Whether a round of `n` shards would take the modeled dollars past `run.budget_usd`."""
@@ -245,8 +269,8 @@ class RoundTrainer:
         last = history[-1] if history else {}
         self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards,
                                    last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0))
-        self._wall0 = (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
-        self._param_bytes = sum(x.nbytes for x in jax.tree.leaves(self.state.train.params))
+        self._wall0 = wall_origin(history, t_start)
+        self._param_bytes = param_bytes(self.state.train.params)
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         """Train round after round until `algo.total_timesteps` or a `run.*` stop
@@ -307,10 +331,6 @@ class RoundTrainer:
     def _save(self, train, table, r: int) -> None:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
         self.ckpt.save(RoundState(train, data, np.int32(r)), step=r)
-
-
-def _suite(cfg: Config) -> str:
-    return resolve_suite(cfg.env.id, cfg.env.suite)
 
 
 def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict:
