@@ -53,13 +53,13 @@ SIZES = {
 
 
 class _Records:
-    """A logger that keeps the records."""
+    """A logger that keeps the records, as the JSON lines the file logger would write."""
 
     def __init__(self):
         self.records = []
 
     def log(self, records):
-        self.records.extend(records)
+        self.records.extend(r.to_json() for r in records)
 
 
 def _overrides(env_id: str, backend: str, n: int, rounds: int, run_dir, urls) -> list:

@@ -190,7 +190,7 @@ def transfer(rounds: list, param_bytes: int) -> tuple:
     warm = [m.result for m in rounds[1:]]
     moved = [moved_bytes(r, len(r.shards), param_bytes) for r in warm]
     per_shard = statistics.median(b / len(r.shards) for b, r in zip(moved, warm))
-    per_byte = statistics.median(r.stats["transfer_s"] / b for b, r in zip(moved, warm))
+    per_byte = statistics.median(r.stats.transfer_s / b for b, r in zip(moved, warm))
     return per_shard, per_byte, len(warm)
 
 

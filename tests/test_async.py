@@ -180,7 +180,7 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
     import time
     from types import SimpleNamespace
 
-    from jaxrl_dist.backends import ShardInfo
+    from jaxrl_dist.backends import RoundStats, ShardInfo
     from jaxrl_dist.backends.shard import ShardOutput, Timings
 
     cfg = CostConfig(name="t", kind="serverless", vcpu_second_usd=1.0, gb_second_usd=0.0,
@@ -188,7 +188,7 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
                      warm_start_s=0.0, invoke_s=0.0, keep_warm_s=1e9, transfer_bytes_per_s=1e12,
                      learner_hour_usd=0.0)
     out = ShardOutput(np.zeros((2,), np.float32), None, np.zeros((1,), np.float32))
-    stats = {"bytes_sent": 1, "bytes_received": 1}
+    stats = RoundStats(bytes_sent=1, bytes_received=1)
 
     def chunk(slot, seconds):
         info = ShardInfo(slot, Timings(0.0, 0.0, seconds, seconds), False, 0, "local")
@@ -198,8 +198,8 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
                          _wall0=time.perf_counter())
     me._bill = lambda c: asynchronous.AsyncTrainer._bill(me, c)
     rec = asynchronous.AsyncTrainer._charge(me, 1, [chunk(0, 1.0)], [chunk(1, 30.0)], 0.5)
-    assert rec["cum_modeled_s"] == pytest.approx(1.5)  # the 1 s chunk, then the update
-    assert rec["shard_usd"] == pytest.approx(31.0)  # both chunks' compute
+    assert rec.cum_modeled_s == pytest.approx(1.5)  # the 1 s chunk, then the update
+    assert rec.components["shard_usd"] == pytest.approx(31.0)  # both chunks' compute
 
 
 def test_stragglers_are_one_shard_in_k_whatever_the_slots():

@@ -12,6 +12,7 @@ from jaxrl_dist.scheduling import learned
 from jaxrl_dist import scheduler_training
 from jaxrl_dist.scheduling import mdp
 from jaxrl_dist.scheduling import profile
+from jaxrl_dist.scheduling.records import Record
 from jaxrl_dist.config import CostConfig, from_dict
 
 M = 2
@@ -131,10 +132,11 @@ def test_features_from_records_hand_checked():
     empty = mdp.features(mdp.obs_from_records([], scale, 0.5), scale, np)
     assert empty.dtype == np.float32 and empty.shape == (len(mdp.FEATURES),)
     assert dict(zip(mdp.FEATURES, empty))["budget_left"] == 0.5
-    history = [{"return_recent": 100.0, "loss": 1.0, "approx_kl": 0.01, "learn_s": 1.0, "busy_s": 1.0,
-                "round_s": 4.0, "num_shards": 8},
-               {"return_recent": None, "loss": 0.0, "approx_kl": 0.0, "learn_s": 1.0, "busy_s": 2.0,
-                "round_s": 4.0, "num_shards": 4}]
+    def rec(recent, loss, kl, busy, n):
+        return Record(1, 0, None, {"loss": loss, "approx_kl": kl}, None, (0.0,), (0.0,), n,
+                      learn_s=1.0, round_s=4.0, busy_s=busy, return_recent=recent)
+
+    history = [rec(100.0, 1.0, 0.01, 1.0, 8), rec(None, 0.0, 0.0, 2.0, 4)]
     f = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records(history, scale), scale, np)))
     want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
             "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "n_frac": 0.25}

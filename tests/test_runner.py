@@ -45,21 +45,23 @@ def metrics(ret_sum, episodes, k=1):
 def test_chunk_records_one_per_update_and_nan_safe():
     recs = logger.chunk_records(metrics([10.0, 0.0], [2, 0], k=3), first_update=4,
                                 steps_per_update=512, sps=1000.0)
-    assert [r["update"] for r in recs] == [4, 5, 6]
-    assert recs[0]["env_steps"] == 4 * 512
-    assert recs[0]["return"] == 5.0  # the seed without episodes is left out
-    assert recs[0]["episodes"] == [2.0, 0.0]
+    assert [r.update for r in recs] == [4, 5, 6]
+    assert recs[0].env_steps == 4 * 512
+    assert recs[0].ret == 5.0  # the seed without episodes is left out
+    assert recs[0].episodes == (2.0, 0.0)
     nothing = logger.chunk_records(metrics([0.0], [0]), 1, 512, 1.0)
-    assert nothing[0]["return"] is None
-    json.dumps(recs + nothing, allow_nan=False)  # valid JSON: no NaN
+    assert nothing[0].ret is None
+    lines = [r.to_json() for r in recs + nothing]
+    json.dumps(lines, allow_nan=False)  # valid JSON: no NaN
+    assert lines[0]["return"] == 5.0 and lines[0]["episodes"] == [2.0, 0.0] and lines[0]["loss"] == 0.5
+    assert "num_shards" not in lines[0]  # a fused record has no round fields
 
 
 def test_final_returns_weights_episodes_over_the_last_tenth():
     recs = []
     for update in range(1, 21):  # last 10% = updates 19 and 20
         recs += logger.chunk_records(metrics([update * 10.0, 0.0], [1, 0]), update, 1, 1.0)
-    recs[-1]["episode_return_sum"] = [600.0, 0.0]
-    recs[-1]["episodes"] = [3.0, 0.0]
+    recs[-1] = recs[-1].replace(episode_return_sum=(600.0, 0.0), episodes=(3.0, 0.0))
     mean, per_seed = logger.final_returns(recs, num_updates=20)
     assert per_seed == [pytest.approx((190.0 + 600.0) / 4), None]
     assert mean == pytest.approx(197.5)
@@ -67,8 +69,9 @@ def test_final_returns_weights_episodes_over_the_last_tenth():
 
 def test_truncate_records_drops_updates_past_the_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"update": u}) + "\n" for u in range(1, 8)))
-    assert [r["update"] for r in logger.truncate_records(path, 5)] == [1, 2, 3, 4, 5]
+    line = {"env_steps": 4, "return": None, "sps": 1.0, "episode_return_sum": [0.0], "episodes": [0.0]}
+    path.write_text("".join(json.dumps({"update": u, **line}) + "\n" for u in range(1, 8)))
+    assert [r.update for r in logger.truncate_records(path, 5)] == [1, 2, 3, 4, 5]
     assert len(path.read_text().splitlines()) == 5
     assert logger.truncate_records(tmp_path / "missing.jsonl", 3) == []
 

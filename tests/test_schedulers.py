@@ -12,6 +12,7 @@ import jax
 import pytest
 
 from jaxrl_dist.backends import bucket
+from jaxrl_dist.scheduling.records import Record
 from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict
 from jaxrl_dist.scheduling.schedulers import Scheduler, make_scheduler
 
@@ -23,7 +24,8 @@ def sched(name: str, backend_max: int = 8, **keys):
 
 
 def returns(*values) -> list:
-    return [{"return": v} for v in values]
+    """A history of round records with these returns."""
+    return [Record(i + 1, 0, v, {}, None, (0.0,), (0.0,), num_shards=1) for i, v in enumerate(values)]
 
 
 def sequence(s, rounds: int, history=()) -> list:
@@ -206,7 +208,7 @@ def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
     class MarkedLogger(rounds.MetricsLogger):
         def log(self, records):
             super().log(records)
-            events.extend(("end", r["round"] - 1) for r in records)
+            events.extend(("end", r.update - 1) for r in records)
 
     monkeypatch.setattr(rounds, "make_scheduler", Marked)
     monkeypatch.setattr(rounds, "MetricsLogger", MarkedLogger)
@@ -214,8 +216,9 @@ def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
     cfg = config(tmp_path / name, keys, rounds_of_steps=shard_steps)
     with compile_log(events):
         summary = train(cfg)
-    records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    ns = [rec["num_shards"] for rec in records]
+    records = [Record.from_json(json.loads(line))
+               for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    ns = [rec.num_shards for rec in records]
     check = make_scheduler(cfg.scheduler, cfg.backend, cfg)
     assert ns == [check.num_shards(r, records[:r]) for r in range(len(records))]
     assert summary["env_steps"] == sum(ns) * SHARD_STEPS >= cfg.algo.total_timesteps

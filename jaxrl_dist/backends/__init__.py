@@ -50,18 +50,28 @@ class ShardInfo(NamedTuple):
     worker: str
 
 
+class RoundStats(NamedTuple):
+    """A round's (or one shard's) waits and traffic, as the backend measured them."""
+
+    dispatch_s: float = 0.0  # sending the shards off
+    transfer_s: float = 0.0  # moving bytes (serialising included)
+    wait_s: float = 0.0  # waiting for the shards' answers
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
 class RoundResult(NamedTuple):
     """A round's shards, stacked in task order: `traj [T, K, B]`, `bootstrap [K, B]`.
 
     `K >= len(tasks)`; slots past `len(tasks)` are padding the learner masks.
     The slots' new states are written to the round's `SlotTable`.
-    `stats`: dispatch_s, transfer_s, wait_s, bytes_sent, bytes_received.
+    `stats`: the backend's `RoundStats`.
     """
 
     traj: Any
     bootstrap: Any
     shards: List[ShardInfo]
-    stats: dict
+    stats: RoundStats
 
 
 class SlotTable:
@@ -203,6 +213,6 @@ def stack_outputs(outputs: list, k: int):
     return traj, boot
 
 
-__all__ = ["Backend", "BackendError", "Capabilities", "capabilities", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
+__all__ = ["Backend", "BackendError", "RoundStats", "Capabilities", "capabilities", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
            "run_shard",
            "make_backend", "available", "bucket", "stack_outputs", "GROUP"]

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from jaxrl_dist.backends import BackendError, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import BackendError, RoundStats, Job, RoundResult, ShardInfo, bucket, stack_outputs
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
@@ -118,9 +118,7 @@ class HttpBackend:
         shards = [ShardInfo(t.slot, d.timings, d.reset, r[1], f"{r[2]} {d.worker}")
                   for t, d, r in zip(tasks, decoded, replies)]
         # dispatch: encode the requests; wait: send, run, receive; transfer: decode and stack
-        stats = {"dispatch_s": t1 - t0, "transfer_s": t4 - t2, "wait_s": t2 - t1,
-                 "bytes_sent": sum(len(b) for b in bodies),
-                 "bytes_received": sum(r[3] for r in replies)}
+        stats = RoundStats(t1 - t0, t4 - t2, t2 - t1, sum(len(b) for b in bodies), sum(r[3] for r in replies))
         return RoundResult(traj, boot, shards, stats)
 
     async def _shutdown(self):

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import BackendError, Capabilities, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket, stack_outputs
 from jaxrl_dist.backends.retry import GaveUp, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 
@@ -47,10 +47,9 @@ def make_round_body(program, k: int):
     return round_fn
 
 
-def _stats(wait_s: float) -> dict:
+def _stats(wait_s: float) -> RoundStats:
     """In process nothing is sent: the whole round is waiting on the shards."""
-    return {"dispatch_s": 0.0, "transfer_s": 0.0, "wait_s": wait_s, "bytes_sent": 0,
-            "bytes_received": 0}
+    return RoundStats(wait_s=wait_s)
 
 
 class LocalBackend:

@@ -34,7 +34,7 @@ from typing import List, Optional
 
 import ray
 
-from jaxrl_dist.backends import (BackendError, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
+from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
                                  bucket, stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
@@ -284,6 +284,5 @@ class RayBackend:
             table.put([t.slot for t in tasks], [o.actor for o in outputs])
         shards = [ShardInfo(t.slot, r.timings, r.reset, tries[i], r.worker)
                   for i, (t, r) in enumerate(zip(tasks, replies))]
-        stats = {"dispatch_s": t1 - t0, "transfer_s": transfer, "wait_s": t2 - t1,
-                 "bytes_sent": sent, "bytes_received": received}
+        stats = RoundStats(t1 - t0, transfer, t2 - t1, sent, received)
         return RoundResult(traj, boot, shards, stats)

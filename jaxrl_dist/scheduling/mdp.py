@@ -82,11 +82,11 @@ def obs_from_records(history: list, s: Scale, budget_left: float = 1.0) -> Round
     if not history:
         return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, budget_left, 0.0)
     last = history[-1]
-    ret = next((r["return_recent"] for r in reversed(history) if r.get("return_recent") is not None),
+    ret = next((r.return_recent for r in reversed(history) if r.return_recent is not None),
                s.return_lo)
-    return RoundObs(float(len(history)), last.get("loss") or 0.0, ret, last.get("approx_kl") or 0.0,
-                    last["learn_s"], last.get("busy_s", 0.0), last["round_s"], budget_left,
-                    float(last["num_shards"]))
+    return RoundObs(float(len(history)), last.losses.get("loss") or 0.0, ret,
+                    last.losses.get("approx_kl") or 0.0, last.learn_s, last.busy_s or 0.0, last.round_s,
+                    budget_left, float(last.num_shards))
 
 class Inner(NamedTuple):
     """One episode of the scheduling MDP: a task's training run, mid-way."""

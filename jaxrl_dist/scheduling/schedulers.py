@@ -3,15 +3,15 @@
 `make_scheduler(cfg.scheduler, cfg.backend, cfg)` returns a `Scheduler`:
 
 - `num_shards(round_, history) -> n`: `round_` is the 0-based round index (it
-  continues across a resume), `history` the per-round records so far (the lines
-  of `metrics.jsonl`: `return`, `loss`, `num_shards`, `round_s` ...);
+  continues across a resume), `history` the per-round records so far
+  (`scheduling.records.Record`: `ret`, `losses`, `num_shards`, `round_s` ...);
 - `expected_shards()`: the mean `n` the run is expected to use, which sizes the
   learning-rate schedule (rounds = total steps / (mean n * steps per shard)).
 
 Built in: `fixed`, `max`, `adapt` (reward ratio) and `ramp`. Another scheduler
 subclasses `Scheduler`, implements `propose(round_, history) -> float` (the base
 rounds it and clips it to `[min_shards, max_shards]`) and is registered in
-`BUILTIN` or under the entry-point group `jaxrl_dist.scheduling.schedulers`.
+`BUILTIN` or under the entry-point group `jaxrl_dist.schedulers`.
 
 A learned scheduler's view of a run is `learned.features` (`learned.FEATURES`).
 """
@@ -136,7 +136,7 @@ def finite_returns(history: list) -> list:
     """The rounds' `return` values that exist (a round may finish no episode)."""
     out = []
     for rec in history:
-        x = rec.get("return")
+        x = rec.ret
         if x is not None and math.isfinite(x):
             out.append(float(x))
     return out

@@ -22,5 +22,5 @@ def recent_return(sums, counts, min_episodes: int, xp=np):
 def reached(rec: dict, target) -> bool:
     """Whether a round's recent return (`return_recent`) reached `run.target_return`
     (never without a target)."""
-    ret = rec.get("return_recent")
+    ret = rec.return_recent
     return target is not None and ret is not None and ret >= target

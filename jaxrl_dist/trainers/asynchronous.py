@@ -67,7 +67,8 @@ from jaxrl_dist.config import Config
 from jaxrl_dist.backends.shard import learn_key
 from jaxrl_dist.scheduling.cost import AsyncAccount
 from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
-from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, init_table, init_train,
+from jaxrl_dist.scheduling.records import Cost, Record, steps_done
+from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, fresh_clock, init_table, init_train,
                                       limit_reason, param_bytes, recent_return_of, round_keys, shard_parts,
                                       shard_seconds, straggle, target_reason, train_rounds, wall_origin)
 from jaxrl_dist.backends import wire
@@ -80,6 +81,7 @@ class AsyncState(NamedTuple):
     table: Any  # `[M, ...]` slot states after each slot's last taken chunk (None: sticky)
     round: Any  # the params version (updates done)
     counts: Any  # `[M]` chunks taken per slot
+    clock: Any = None  # the clocks and dollars at the checkpoint (`sync.CLOCK_FIELDS`)
 
 
 class Chunk(NamedTuple):
@@ -351,7 +353,7 @@ class AsyncTrainer:
         table = init_table(self.program, self.cfg.seed, M)
         data = None if table is None else jax.tree.map(np.asarray, table.data)
         state = AsyncState(init_train(self.learner, self.cfg.seed), data, np.zeros((), np.int32),
-                           np.zeros((M,), np.int32))
+                           np.zeros((M,), np.int32), fresh_clock())
         if resuming and self.ckpt.latest_step() is not None:
             state = self.ckpt.restore(state)
         return state
@@ -409,10 +411,10 @@ class AsyncTrainer:
         This thread only collects, learns and publishes; a bookkeeping thread
         writes each update's record, cost, checkpoint and balance decision while
         the next update computes (and stops the run at the target or budget)."""
-        self._setup_run(history, t_start)
+        self._setup_run(t_start)
         self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program))
         train, version = self.state.train, int(self.state.round)
-        env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
+        env_steps = steps_done(history, self.learner.steps_per_shard)
         records = []
         books = threading.Thread(target=self._bookkeeping, args=(logger, list(history), records),
                                  daemon=True, name="jaxrl-dist-books")
@@ -434,14 +436,14 @@ class AsyncTrainer:
         self._save_async(train, version)
         return records
 
-    def _setup_run(self, history: list, t_start: Optional[float]) -> None:
+    def _setup_run(self, t_start: Optional[float]) -> None:
         """The cost account and both clocks, continuing a resumed run's."""
-        last = history[-1] if history else {}
         first, top = actor_range(self.cfg, self.backend)
+        modeled, usd, _ = (float(x) for x in self.state.clock)
         self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
-                                    last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0),
+                                    modeled, usd,
                                     prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
-        self._wall0 = wall_origin(history, t_start)
+        self._wall0 = wall_origin(self.state.clock, t_start)
         self._param_bytes = param_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
 
@@ -455,11 +457,11 @@ class AsyncTrainer:
 
     def _bookkeeping(self, logger, so_far: list, records: list) -> None:
         """Each update's record, log line, checkpoint and balance step, in order."""
-        env_steps = sum(rec["num_shards"] for rec in so_far) * self.learner.steps_per_shard
+        env_steps = steps_done(so_far, self.learner.steps_per_shard)
         try:
             while (item := self._done.get()) is not None:
                 rec = self._book(item, env_steps, so_far)
-                env_steps = rec["env_steps"]
+                env_steps = rec.env_steps
                 logger.log([rec])
                 records.append(rec)
                 self._after(item[0], item[1], so_far)
@@ -477,7 +479,7 @@ class AsyncTrainer:
         self.balancer.observe(chunks + dropped, len(chunks))
         rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
         so_far.append(rec)
-        rec["return_recent"] = recent_return_of(so_far, self.cfg.run.target_episodes)
+        rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, self.cfg.run.target_episodes))
         return rec
 
     def _after(self, train, version: int, so_far: list) -> None:
@@ -529,29 +531,25 @@ class AsyncTrainer:
         self._done.put((train, version + 1, chunks, dropped, metrics, lag, t1))
         return train, len(chunks) + len(dropped)
 
-    def _record(self, u: int, env_steps: int, chunks: list, dropped: list, metrics, lag, times) -> dict:
-        """One update's metrics line, cost included."""
+    def _record(self, u: int, env_steps: int, chunks: list, dropped: list, metrics, lag, times) -> Record:
+        """One update's record, cost included."""
         steps = self.learner.steps_per_shard
         taken = chunks + dropped
-        env_steps += len(taken) * steps
         dt = max(times["update"], 1e-9)
-        rec = {"update": u, "round": u, "time": time.time(), "env_steps": env_steps,
-               "num_shards": len(taken), "return": nan_to_none(metrics["return_mean"])}
-        rec.update({k: nan_to_none(metrics[k]) for k in loss_keys(metrics)})
-        rec.update({"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
-                    "dropped": len(dropped), "actors_active": self.balancer.active,
-                    "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
-                    "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
-                    "learn_s": times["learn"], "round_s": times["update"], "sps": len(chunks) * steps / dt,
-                    "retries": sum(c.info.retries for c in taken),
-                    "slot_resets": sum(bool(c.info.reset) and c.index > 0 for c in taken),
-                    "chunks": [[c.slot, c.index, c.version] for c in taken],
-                    "episode_return_sum": [float(metrics["episode_return_sum"])],
-                    "episodes": [float(metrics["episodes"])]})
-        rec.update(self._charge(u, chunks, dropped, times["learn"]))
-        return rec
+        detail = {"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
+                  "dropped": len(dropped), "actors_active": self.balancer.active,
+                  "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
+                  "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
+                  "chunks": [[c.slot, c.index, c.version] for c in taken]}
+        return Record(u, env_steps + len(taken) * steps, nan_to_none(metrics["return_mean"]),
+                      {k: nan_to_none(metrics[k]) for k in loss_keys(metrics)}, len(chunks) * steps / dt,
+                      (float(metrics["episode_return_sum"]),), (float(metrics["episodes"]),), len(taken),
+                      time.time(), times["learn"], times["update"], None,
+                      sum(c.info.retries for c in taken),
+                      sum(bool(c.info.reset) and c.index > 0 for c in taken),
+                      self._charge(u, chunks, dropped, times["learn"]), detail=detail)
 
-    def _charge(self, u: int, chunks: list, dropped: list, learn_s: float) -> dict:
+    def _charge(self, u: int, chunks: list, dropped: list, learn_s: float) -> Cost:
         """Bill the chunks taken and the update on the async modeled clock. Dropped
         chunks are billed but do not hold the update up: the learner discards a
         late chunk whenever it comes."""
@@ -559,9 +557,8 @@ class AsyncTrainer:
         for c in dropped:
             self._bill(c)
         rc = self.account.update(arrivals, learn_s, u)
-        rec = cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0)
-        rec["modeled_wait_s"] = rc.components["wait_s"]
-        return rec
+        return cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0,
+                           modeled_wait_s=rc.components["wait_s"])
 
     def _bill(self, c: Chunk) -> float:
         """Bill one chunk on the modeled clock; returns its modeled arrival."""
@@ -577,7 +574,8 @@ class AsyncTrainer:
             if self._ledger:
                 table.put(list(self._ledger), list(self._ledger.values()))
             table = jax.tree.map(np.asarray, table.data)
-        state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32))
+        clock = np.array([self.account.now, self.account.usd, time.perf_counter() - self._wall0], np.float64)
+        state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32), clock)
         self.ckpt.save(state, step=version)
         self.state = state
 

@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-# the built-in loss's metrics; a plugin loss may return others, logged under their names
-LOSS_KEYS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+from jaxrl_dist.scheduling.records import LOSS_KEYS, Record
+
 # the learner's episode bookkeeping (`learner.episode_metrics`), logged apart
 EPISODE_KEYS = ("episode_return_sum", "episodes", "return_mean")
 
@@ -39,22 +39,20 @@ def seed_mean(values) -> Optional[float]:
 
 
 def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: float) -> list:
-    """One JSON-ready record per update from a chunk's `[K, S]` metric arrays.
+    """One `Record` per update from a (fused) chunk's `[K, S]` metric arrays.
 
     `first_update` is the 1-based number of the chunk's first update;
-    `env_steps` counts steps per seed, like `algo.total_timesteps`.
+    `env_steps` counts steps per seed, like `algo.total_timesteps`. Episode
+    sums stay per seed, so final returns can be recomputed from the file.
     """
     records = []
     for k in range(np.shape(metrics["return_mean"])[0]):
         update = first_update + k
-        rec = {"update": update, "env_steps": update * steps_per_update,
-               "return": seed_mean(metrics["return_mean"][k])}
-        rec.update({name: nan_to_none(np.mean(metrics[name][k])) for name in loss_keys(metrics)})
-        rec["sps"] = nan_to_none(sps)
-        # per-seed sums, so final returns can be recomputed from the file
-        rec["episode_return_sum"] = [float(x) for x in metrics["episode_return_sum"][k]]
-        rec["episodes"] = [float(x) for x in metrics["episodes"][k]]
-        records.append(rec)
+        losses = {name: nan_to_none(np.mean(metrics[name][k])) for name in loss_keys(metrics)}
+        records.append(Record(update, update * steps_per_update, seed_mean(metrics["return_mean"][k]),
+                              losses, nan_to_none(sps),
+                              tuple(float(x) for x in metrics["episode_return_sum"][k]),
+                              tuple(float(x) for x in metrics["episodes"][k])))
     return records
 
 
@@ -65,11 +63,11 @@ def final_returns(records: list, num_updates: int, fraction: float = 0.1):
     then averaged over seeds. Returns `(mean or None, [per seed or None])`.
     """
     window = max(1, math.ceil(fraction * num_updates))
-    last = [r for r in records if r["update"] > num_updates - window]
+    last = [r for r in records if r.update > num_updates - window]
     if not last:
         return None, []
-    ret = np.sum([r["episode_return_sum"] for r in last], axis=0)
-    eps = np.sum([r["episodes"] for r in last], axis=0)
+    ret = np.sum([r.episode_return_sum for r in last], axis=0)
+    eps = np.sum([r.episodes for r in last], axis=0)
     per_seed = np.where(eps > 0, ret / np.maximum(eps, 1.0), np.nan)
     return seed_mean(per_seed), [nan_to_none(x) for x in per_seed]
 
@@ -83,10 +81,11 @@ def read_records(path: Path, upto: Optional[int] = None) -> list:
 
 
 def truncate_records(path: Path, upto: int) -> list:
-    """Drop records past update `upto` (written after the checkpoint a resume starts from)."""
+    """Drop records past update `upto` (written after the checkpoint a resume starts
+    from); returns the rest as `Record`s."""
     records = read_records(path, upto)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
+    return [Record.from_json(r) for r in records]
 
 
 class MetricsLogger:
@@ -104,15 +103,17 @@ class MetricsLogger:
         self._progress = _make_progress(total_steps, done_steps) if progress else None
 
     def log(self, records: list) -> None:
+        """Write `Record`s: JSON is made here, and only here."""
         for rec in records:
-            self._file.write(json.dumps(rec) + "\n")
+            line = rec.to_json()
+            self._file.write(json.dumps(line) + "\n")
             if self._tb is not None:
-                _write_tb(self._tb, rec)
+                _write_tb(self._tb, line)
         if self._progress is not None and records:
             last = records[-1]
-            ret = "-" if last["return"] is None else f"{last['return']:.1f}"
-            self._progress[0].update(self._progress[1], completed=last["env_steps"],
-                                     sps=f"{last['sps'] or 0:,.0f}", ret=ret)
+            ret = "-" if last.ret is None else f"{last.ret:.1f}"
+            self._progress[0].update(self._progress[1], completed=last.env_steps,
+                                     sps=f"{last.sps or 0:,.0f}", ret=ret)
 
     def close(self) -> None:
         self._file.close()

@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.core import rng
-from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, bucket, make_backend
+from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
 from jaxrl_dist.trainers.rundir import METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary
@@ -39,6 +39,7 @@ from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
 from jaxrl_dist.core.learner import init_train, make_learner
 from jaxrl_dist.core.types import TrainState
+from jaxrl_dist.scheduling.records import Cost, Record, steps_done
 from jaxrl_dist.scheduling.target import TARGET_ROUNDS, reached, recent_return
 from jaxrl_dist.backends import wire
 from jaxrl_dist.envs import resolve_suite
@@ -58,6 +59,16 @@ class RoundState(NamedTuple):
     train: TrainState
     table: Any
     round: Any
+    # the clocks and dollars at the checkpoint (`CLOCK_FIELDS`), so a resumed run's cost
+    # continues from the checkpoint, not from whatever the metrics file last says
+    clock: Any = None
+
+
+CLOCK_FIELDS = ("cum_modeled_s", "cum_usd", "cum_wall_s")
+
+
+def fresh_clock() -> np.ndarray:
+    return np.zeros((len(CLOCK_FIELDS),), np.float64)
 
 
 def busy_seconds(shards) -> float:
@@ -110,11 +121,11 @@ def straggle(shards, b, seen, index: int) -> np.ndarray:
     return factors
 
 
-def charged_bytes(stats: dict, n: int, param_bytes: int, payload_bytes: int) -> int:
+def charged_bytes(stats: RoundStats, n: int, param_bytes: int, payload_bytes: int) -> int:
     """Bytes `n` shards moved. A backend that moves none (local) is charged what a
     remote one would move uncompressed: the params to each shard, and each
     shard's payload (trajectory and bootstrap values) back."""
-    return int(stats["bytes_sent"]) + int(stats["bytes_received"]) or n * (param_bytes + payload_bytes)
+    return int(stats.bytes_sent) + int(stats.bytes_received) or n * (param_bytes + payload_bytes)
 
 
 def moved_bytes(result, n: int, param_bytes: int) -> int:
@@ -123,44 +134,38 @@ def moved_bytes(result, n: int, param_bytes: int) -> int:
     return charged_bytes(result.stats, n, param_bytes, back // result.bootstrap.shape[0])
 
 
-def cost_fields(rc, cold: int, modeled_now: float, usd: float, wall_s: float) -> dict:
-    """A round's (or async update's) modeled cost and the running totals of both clocks."""
-    rec = {"modeled_s": rc.modeled_s, "cost_usd": rc.usd, "cum_modeled_s": float(modeled_now),
-           "cum_cost_usd": usd, "cum_wall_s": wall_s, "cold_shards": cold}
-    rec.update({f"modeled_{k}": rc.components[k] for k in TIME_KEYS})
-    rec.update({k: rc.components[k] for k in USD_KEYS})
-    return rec
+def cost_fields(rc, cold: int, modeled_now: float, usd: float, wall_s: float, **extra) -> Cost:
+    """A round's (or async update's) modeled cost and the running totals of both clocks;
+    `extra`: more modeled components under their JSON names."""
+    parts = {f"modeled_{k}": rc.components[k] for k in TIME_KEYS}
+    parts.update({k: rc.components[k] for k in USD_KEYS}, **extra)
+    return Cost(float(rc.modeled_s), float(rc.usd), float(modeled_now), float(usd), wall_s, cold, parts)
 
 
 def recent_return_of(records: list, min_episodes: int):
     """`recent_return` over round records (their first seed); None without episodes."""
     last = records[-TARGET_ROUNDS:][::-1]
-    sums = np.array([r["episode_return_sum"][0] for r in last], np.float64)
-    counts = np.array([r["episodes"][0] for r in last], np.float64)
+    sums = np.array([r.episode_return_sum[0] for r in last], np.float64)
+    counts = np.array([r.episodes[0] for r in last], np.float64)
     return nan_to_none(recent_return(sums, counts, min_episodes)) if last else None
 
 
-def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> dict:
-    """One round's metrics. `seen`: slots that ran in earlier rounds of this process;
+def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set) -> Record:
+    """One round's record. `seen`: slots that ran in earlier rounds of this process;
     a worker resetting one of those lost its envs (a first run is no loss)."""
     durations = [s.timings.finished - s.timings.started for s in result.shards]
-    rec = {"update": r, "round": r, "time": time.time(), "env_steps": env_steps, "num_shards": n,
-           "return": nan_to_none(metrics["return_mean"])}
-    rec.update({k: nan_to_none(metrics[k]) for k in loss_keys(metrics)})
-    rec.update({"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
-                "shard_s_max": max(durations),
-                "billed_s": float(sum(s.timings.billed for s in result.shards)),
-                "busy_s": busy_seconds(result.shards)})
-    rec.update({k: float(v) for k, v in result.stats.items() if k.endswith("_s")})
-    rec.update({"learn_s": times["learn"], "round_s": times["round"],
-                "bytes_sent": int(result.stats["bytes_sent"]),
-                "bytes_received": int(result.stats["bytes_received"]),
-                "retries": sum(s.retries for s in result.shards),
-                "slot_resets": sum(bool(s.reset) and s.slot in seen for s in result.shards),
-                "sps": n * times["steps_per_shard"] / times["round"],
-                "episode_return_sum": [float(metrics["episode_return_sum"])],
-                "episodes": [float(metrics["episodes"])]})
-    return rec
+    st = result.stats
+    detail = {"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
+              "shard_s_max": max(durations), "billed_s": float(sum(s.timings.billed for s in result.shards)),
+              "dispatch_s": float(st.dispatch_s), "transfer_s": float(st.transfer_s),
+              "wait_s": float(st.wait_s), "bytes_sent": int(st.bytes_sent),
+              "bytes_received": int(st.bytes_received)}
+    return Record(r, env_steps, nan_to_none(metrics["return_mean"]),
+                  {k: nan_to_none(metrics[k]) for k in loss_keys(metrics)},
+                  n * times["steps_per_shard"] / times["round"], (float(metrics["episode_return_sum"]),),
+                  (float(metrics["episodes"]),), n, time.time(), times["learn"], times["round"],
+                  busy_seconds(result.shards), sum(s.retries for s in result.shards),
+                  sum(bool(s.reset) and s.slot in seen for s in result.shards), detail=detail)
 
 
 class ShardParts(NamedTuple):
@@ -201,10 +206,10 @@ def target_reason(cfg: Config, records: list) -> Optional[str]:
     return None
 
 
-def wall_origin(history: list, t_start: Optional[float]) -> float:
-    """Where the measured clock starts (`time.perf_counter()`), continuing a resumed run's."""
-    last = history[-1] if history else {}
-    return (time.perf_counter() if t_start is None else t_start) - last.get("cum_wall_s", 0.0)
+def wall_origin(clock, t_start: Optional[float]) -> float:
+    """Where the measured clock starts (`time.perf_counter()`), continuing the checkpoint's
+    `clock` (`CLOCK_FIELDS`)."""
+    return (time.perf_counter() if t_start is None else t_start) - float(clock[2])
 
 
 def param_bytes(params) -> int:
@@ -225,7 +230,7 @@ class RoundTrainer:
     def _start(self, resuming: bool) -> RoundState:
         train = init_train(self.learner, self.cfg.seed)
         table = init_table(self.program, self.cfg.seed, self.cfg.backend.max_shards)
-        state = RoundState(train, None if table is None else table.data, np.zeros((), np.int32))
+        state = RoundState(train, None if table is None else table.data, np.zeros((), np.int32), fresh_clock())
         if resuming and self.ckpt.latest_step() is not None:
             state = self.ckpt.restore(state)
         return state
@@ -264,12 +269,11 @@ class RoundTrainer:
             return None
         return n
 
-    def _start_clocks(self, history: list, t_start: Optional[float]) -> None:
-        """The modeled clock and dollars, and the measured clock, continuing a resumed run's."""
-        last = history[-1] if history else {}
-        self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards,
-                                   last.get("cum_modeled_s", 0.0), last.get("cum_cost_usd", 0.0))
-        self._wall0 = wall_origin(history, t_start)
+    def _start_clocks(self, t_start: Optional[float]) -> None:
+        """The modeled clock and dollars, and the measured clock, continuing the checkpoint's."""
+        modeled, usd, _ = (float(x) for x in self.state.clock)
+        self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards, modeled, usd)
+        self._wall0 = wall_origin(self.state.clock, t_start)
         self._param_bytes = param_bytes(self.state.train.params)
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
@@ -277,11 +281,11 @@ class RoundTrainer:
         condition (`self.stop_reason` says which); returns this run's records.
         `t_start`: when the measured clock started (`time.perf_counter()`; default now)."""
         cfg = self.cfg
-        self._start_clocks(history, t_start)
+        self._start_clocks(t_start)
         self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
         train, r = self.state.train, int(self.state.round)
         table = None if self.state.table is None else SlotTable(self.state.table)
-        env_steps = sum(rec["num_shards"] for rec in history) * self.learner.steps_per_shard
+        env_steps = steps_done(history, self.learner.steps_per_shard)
         records, seen = [], set()
         so_far = list(history)  # the resumed run's records, then this run's
         warm = self._warm_learner(train)
@@ -289,8 +293,8 @@ class RoundTrainer:
             while (n := self._next_round(r, env_steps, so_far)) is not None:
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
                 so_far.append(rec)
-                rec["return_recent"] = recent_return_of(so_far, cfg.run.target_episodes)
-                r, env_steps = r + 1, rec["env_steps"]
+                rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes))
+                r, env_steps = r + 1, rec.env_steps
                 logger.log([rec])
                 records.append(rec)
                 if cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0:
@@ -298,7 +302,7 @@ class RoundTrainer:
         finally:
             self.backend.close()
         self._save(train, table, r)
-        self.state = RoundState(train, None if table is None else table.data, np.int32(r))
+        self.state = RoundState(train, None if table is None else table.data, np.int32(r), self._clock())
         return records
 
     def _round(self, r: int, n: int, env_steps: int, train, table, warm, seen: set):
@@ -319,8 +323,8 @@ class RoundTrainer:
         rec = _round_record(r + 1, n, env_steps, result, metrics, times, seen)
         rc, cold = self.account.charge(n, shard_seconds(result.shards) * slow,
                                        moved_bytes(result, n, self._param_bytes), times["learn"])
-        rec.update(cost_fields(rc, cold, self.account.clock.now, self.account.usd,
-                               time.perf_counter() - self._wall0))
+        rec = rec.replace(cost=cost_fields(rc, cold, self.account.clock.now, self.account.usd,
+                                           time.perf_counter() - self._wall0))
         seen.update(s.slot for s in result.shards)
         return train, rec
 
@@ -330,23 +334,29 @@ class RoundTrainer:
 
     def _save(self, train, table, r: int) -> None:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
-        self.ckpt.save(RoundState(train, data, np.int32(r)), step=r)
+        self.ckpt.save(RoundState(train, data, np.int32(r), self._clock()), step=r)
+
+    def _clock(self) -> np.ndarray:
+        """`CLOCK_FIELDS` now, for the checkpoint."""
+        return np.array([self.account.clock.now, self.account.usd, time.perf_counter() - self._wall0],
+                        np.float64)
 
 
 def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict:
     """Both clocks and the dollars for summary.json: totals, each modeled component
     summed, and where the first round reaching `run.target_return` put each clock
     (null when no round did)."""
-    last = records[-1] if records else {}
-    hit = next((rec for rec in records if reached(rec, cfg.run.target_return)), None)
+    costs = [rec.cost for rec in records if rec.cost is not None]
+    last = costs[-1] if costs else None
+    hit = next((rec.cost for rec in records if reached(rec, cfg.run.target_return)), None)
     out = {"stop_reason": stop_reason, "cost_preset": cfg.cost.name,
-           "cost_usd": last.get("cum_cost_usd", 0.0), "modeled_seconds": last.get("cum_modeled_s", 0.0),
+           "cost_usd": last.cum_usd if last else 0.0, "modeled_seconds": last.cum_modeled_s if last else 0.0,
            "target_return": cfg.run.target_return}
-    for name, key in (("time_to_target_s", "cum_modeled_s"), ("wall_to_target_s", "cum_wall_s"),
-                      ("cost_to_target_usd", "cum_cost_usd")):
-        out[name] = None if hit is None else hit.get(key)
-    out.update({f"modeled_{k}": sum(rec.get(f"modeled_{k}", 0.0) for rec in records) for k in TIME_KEYS})
-    out.update({k: sum(rec.get(k, 0.0) for rec in records) for k in USD_KEYS})
+    for name, attr in (("time_to_target_s", "cum_modeled_s"), ("wall_to_target_s", "cum_wall_s"),
+                       ("cost_to_target_usd", "cum_usd")):
+        out[name] = None if hit is None else getattr(hit, attr)
+    for key in [f"modeled_{k}" for k in TIME_KEYS] + list(USD_KEYS):
+        out[key] = sum(c.components.get(key, 0.0) for c in costs)
     return out
 
 
@@ -361,7 +371,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     start = int(trainer.state.round)
     history = truncate_records(run_dir / METRICS_FILE, start)
     total = cfg.algo.total_timesteps
-    done = sum(rec["num_shards"] for rec in history) * trainer.learner.steps_per_shard
+    done = steps_done(history, trainer.learner.steps_per_shard)
     logger = MetricsLogger(run_dir, total, done, cfg.run.tensorboard, cfg.run.progress)
     t1 = time.perf_counter()
     try:
@@ -376,7 +386,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     t2 = time.perf_counter()
     all_records = history + records
     rounds = int(trainer.state.round)
-    env_steps = sum(rec["num_shards"] for rec in all_records) * trainer.learner.steps_per_shard
+    env_steps = steps_done(all_records, trainer.learner.steps_per_shard)
     final, per_seed = final_returns(all_records, rounds)
     new_steps = env_steps - done
     summary = {
@@ -386,8 +396,8 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
         "wall_seconds": time.perf_counter() - t_start,
         "compile_seconds": None,  # compiles happen in the first rounds (and on the workers)
         "train_seconds": t2 - t1, "sps": new_steps / (t2 - t1) if t2 > t1 else None,
-        "retries": sum(rec["retries"] for rec in all_records),
-        "slot_resets": sum(rec["slot_resets"] for rec in all_records),
+        "retries": sum(rec.retries for rec in all_records),
+        "slot_resets": sum(rec.slot_resets for rec in all_records),
         "params_sha256": params_digest(trainer.state.train.params),
         "peak_rss_mb": peak_rss_mb(),
         "resumed_at_update": start if cfg.run.resume else None,
