@@ -138,7 +138,7 @@ def test_no_recompile_after_the_first_round(tmp_path):
 
     class Marks:
         def log(self, records):
-            events.extend(("round", r["round"]) for r in records)
+            events.extend(("round", r.update) for r in records)
 
     cfg = config("local", tmp_path, algo={"total_timesteps": 3 * 4 * 16 * 4})
     trainer = RoundTrainer(cfg, tmp_path, False)

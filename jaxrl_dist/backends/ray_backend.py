@@ -193,96 +193,104 @@ class RayBackend:
 
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:
-        cfg, job = self.cfg, self.job
-        n = len(tasks)
-        t0 = time.perf_counter()
+        job, t0 = self.job, time.perf_counter()
         for t in tasks:  # new actors start side by side (imports, compiles)
             self._actor(t.slot)
         params_body = wire.encode_params(params)
-        transfer = 0.0  # driver time decoding results (encoding counts as dispatch)
-        params_ref = ray.put(params_body)  # once per round; every shard gets the reference
-        sent = len(params_body)
-        bodies = [None] * n
-        pending, deadlines = {}, {}  # ref -> task index; task index -> deadline
-        later = {}  # task index -> when it goes again (a failed shard waiting out its backoff)
-        tries = [0] * n
-
-        def submit(i: int):
-            nonlocal sent
-            ref = self._actor(tasks[i].slot).run.remote(params_ref, bodies[i])
-            pending[ref] = i
-            deadlines[i] = time.perf_counter() + cfg.shard_timeout
-            sent += len(bodies[i])
-
-        def failed(i: int, why: str, dead: bool):
-            # the retry policy decides, as for every backend; the wait is served by the
-            # polling loop below, so the other shards' answers are taken meanwhile
-            slot, error = tasks[i].slot, Failure(why)
-            if not self.retry.allows(tries[i] + 1, error):
-                count = f"{tries[i] + 1} {'try' if tries[i] == 0 else 'tries'}"
-                raise BackendError(f"ray shard for slot {slot} failed after {count}: {why}")
-            tries[i] += 1
-            if dead:  # the replacement starts during the wait
-                self._replace(slot)
-            later[i] = time.perf_counter() + self.retry.wait_s(tries[i], error)
-
-        def submit_due() -> Optional[float]:
-            """Submit the shards whose wait is over; seconds to the next event (None: none)."""
-            now = time.perf_counter()
-            for i in [i for i, due in later.items() if due <= now]:
-                del later[i]
-                submit(i)
-            times = [deadlines[i] for i in pending.values()] + list(later.values())
-            return max(0.0, min(times) - now) if times else None
-
+        rnd = _Round(self, tasks, ray.put(params_body), len(params_body))  # params once per round
         for i, t in enumerate(tasks):  # each shard goes as soon as its request is encoded
             actor = None if job.spec.sticky else table.get(t.slot)
-            bodies[i] = wire.encode_request(wire.ShardRequest(
+            rnd.bodies[i] = wire.encode_request(wire.ShardRequest(
                 job.spec, t.slot, t.key, None, actor, job.run_id, job.seed, round_))
-            submit(i)
+            rnd.submit(i)
         t1 = time.perf_counter()
+        rnd.gather()
+        t2 = time.perf_counter()
+        outputs = [r.output for r in rnd.replies]
+        traj, boot = stack_outputs(outputs, bucket(len(tasks), self.cfg.max_shards))
+        rnd.transfer += time.perf_counter() - t2
+        if not job.spec.sticky:
+            table.put([t.slot for t in tasks], [o.actor for o in outputs])
+        shards = [ShardInfo(t.slot, r.timings, r.reset, rnd.tries[i], r.worker)
+                  for i, (t, r) in enumerate(zip(tasks, rnd.replies))]
+        stats = RoundStats(t1 - t0, rnd.transfer, t2 - t1, rnd.sent, rnd.received)
+        return RoundResult(traj, boot, shards, stats)
 
-        replies, received = [None] * n, 0
-        while (wait := submit_due()) is not None:
-            refs = list(pending)
+
+class _Round:
+    """One round's shards in flight on the Ray backend: submitted, answered, failed
+    (retried under the backend's policy, a dead actor replaced) or timed out."""
+
+    def __init__(self, backend: RayBackend, tasks: List[ShardTask], params_ref, params_bytes: int):
+        self.backend, self.tasks, self.params_ref = backend, tasks, params_ref
+        n = len(tasks)
+        self.bodies, self.replies, self.tries = [None] * n, [None] * n, [0] * n
+        self.pending, self.deadlines = {}, {}  # ref -> task index; task index -> deadline
+        self.later = {}  # task index -> when it goes again (a failed shard waiting out its backoff)
+        self.sent, self.received = params_bytes, 0
+        self.transfer = 0.0  # driver time decoding results (encoding counts as dispatch)
+
+    def submit(self, i: int) -> None:
+        ref = self.backend._actor(self.tasks[i].slot).run.remote(self.params_ref, self.bodies[i])
+        self.pending[ref] = i
+        self.deadlines[i] = time.perf_counter() + self.backend.cfg.shard_timeout
+        self.sent += len(self.bodies[i])
+
+    def failed(self, i: int, why: str, dead: bool) -> None:
+        """The retry policy decides, as for every backend; the wait is served by the
+        polling loop, so the other shards' answers are taken meanwhile."""
+        slot, error, retry = self.tasks[i].slot, Failure(why), self.backend.retry
+        if not retry.allows(self.tries[i] + 1, error):
+            count = f"{self.tries[i] + 1} {'try' if self.tries[i] == 0 else 'tries'}"
+            raise BackendError(f"ray shard for slot {slot} failed after {count}: {why}")
+        self.tries[i] += 1
+        if dead:  # the replacement starts during the wait
+            self.backend._replace(slot)
+        self.later[i] = time.perf_counter() + retry.wait_s(self.tries[i], error)
+
+    def _submit_due(self) -> Optional[float]:
+        """Submit the shards whose wait is over; seconds to the next event (None: none)."""
+        now = time.perf_counter()
+        for i in [i for i, due in self.later.items() if due <= now]:
+            del self.later[i]
+            self.submit(i)
+        times = [self.deadlines[i] for i in self.pending.values()] + list(self.later.values())
+        return max(0.0, min(times) - now) if times else None
+
+    def gather(self) -> None:
+        """Poll until every shard has answered (or the policy gives up on one)."""
+        while (wait := self._submit_due()) is not None:
+            refs = list(self.pending)
             if not refs:  # every shard left is waiting out its backoff
                 time.sleep(wait)
                 continue
             ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
             for ref in ready:
-                i = pending.pop(ref)
-                try:
-                    body = ray.get(ref)
-                except ray.exceptions.RayActorError as err:
-                    failed(i, _one_line(err), dead=True)
-                    continue
-                except ray.exceptions.RayError as err:
-                    failed(i, _one_line(err), dead=False)
-                    continue
-                td = time.perf_counter()
-                try:
-                    reply = wire.decode_response(body, False, self._templates)
-                    if reply.slot != tasks[i].slot:
-                        raise wire.ShardError(f"slot: expected {tasks[i].slot}, got {reply.slot}")
-                except wire.ShardError as err:
-                    transfer += time.perf_counter() - td
-                    failed(i, f"bad response: {err}", dead=False)
-                    continue
-                transfer += time.perf_counter() - td
-                replies[i], received = reply, received + len(body)
-            now = time.perf_counter()
-            for ref, i in list(pending.items()):
-                if deadlines[i] <= now:
-                    del pending[ref]  # its actor is killed; the late answer is dropped
-                    failed(i, f"no answer after {cfg.shard_timeout:g} s", dead=True)
-        t2 = time.perf_counter()
+                self._take(ref)
+            self._expire()
 
-        outputs = [r.output for r in replies]
-        traj, boot = stack_outputs(outputs, bucket(n, cfg.max_shards))
-        transfer += time.perf_counter() - t2
-        if not job.spec.sticky:
-            table.put([t.slot for t in tasks], [o.actor for o in outputs])
-        shards = [ShardInfo(t.slot, r.timings, r.reset, tries[i], r.worker)
-                  for i, (t, r) in enumerate(zip(tasks, replies))]
-        stats = RoundStats(t1 - t0, transfer, t2 - t1, sent, received)
-        return RoundResult(traj, boot, shards, stats)
+    def _take(self, ref) -> None:
+        i = self.pending.pop(ref)
+        try:
+            body = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            return self.failed(i, _one_line(err), dead=True)
+        except ray.exceptions.RayError as err:
+            return self.failed(i, _one_line(err), dead=False)
+        td = time.perf_counter()
+        try:
+            reply = wire.decode_response(body, False, self.backend._templates)
+            if reply.slot != self.tasks[i].slot:
+                raise wire.ShardError(f"slot: expected {self.tasks[i].slot}, got {reply.slot}")
+        except wire.ShardError as err:
+            return self.failed(i, f"bad response: {err}", dead=False)
+        finally:
+            self.transfer += time.perf_counter() - td
+        self.replies[i], self.received = reply, self.received + len(body)
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for ref, i in list(self.pending.items()):
+            if self.deadlines[i] <= now:
+                del self.pending[ref]  # its actor is killed; the late answer is dropped
+                self.failed(i, f"no answer after {self.backend.cfg.shard_timeout:g} s", dead=True)
