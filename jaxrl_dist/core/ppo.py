@@ -13,6 +13,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jaxrl_dist.core import networks
+from jaxrl_dist.config import AlgoConfig
 from jaxrl_dist.core.types import TrainState, Transition
 from jaxrl_dist.registry import Registry, options as plugin_options
 
@@ -21,18 +22,22 @@ from jaxrl_dist.registry import Registry, options as plugin_options
 LOSSES = Registry("loss", "algo.loss", "jaxrl_dist.losses", {"ppo": "jaxrl_dist.core.ppo:ppo_loss"})
 
 
-class PPOOptions(NamedTuple):
-    """Static PPO settings (closed over, never traced)."""
+_ALGO = AlgoConfig()  # the PPO fields' defaults come from the config: one source
 
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.2
-    clip_vloss: bool = False
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    norm_adv: bool = True
+
+class PPOOptions(NamedTuple):
+    """Static PPO settings (closed over, never traced): `algo.*` by name (`options`),
+    then what the trainer knows about its batch."""
+
+    gamma: float = _ALGO.gamma
+    gae_lambda: float = _ALGO.gae_lambda
+    clip_eps: float = _ALGO.clip_eps
+    clip_vloss: bool = _ALGO.clip_vloss
+    ent_coef: float = _ALGO.ent_coef
+    vf_coef: float = _ALGO.vf_coef
+    update_epochs: int = _ALGO.update_epochs
+    num_minibatches: int = _ALGO.num_minibatches
+    norm_adv: bool = _ALGO.norm_adv
     discrete: bool = True
     masked: bool = False  # some transitions are invalid (envpool reset steps)
     unroll: bool = False  # unroll the minibatch loop (see `learner.loop_free`)

@@ -1,6 +1,7 @@
 """The env adapter protocol every suite follows (the core rollout steps any such adapter)."""
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Protocol, Tuple
 
 import jax
@@ -28,3 +29,23 @@ class EnvAdapter(Protocol):
     def reset(self, key: jax.Array) -> Tuple[Any, jax.Array]: ...
 
     def step(self, env_state: Any, action: jax.Array, key: jax.Array) -> Tuple[Any, StepOut]: ...
+
+
+class Suite:
+    """A registered env suite (`env.suite`): the package it needs, and how to make its envs.
+    Plugins may follow this shape without subclassing it (see `envs.SUITES`)."""
+
+    package = ""  # the importable package the suite needs
+    hint = ""  # how to install it, for the error when it is missing
+
+    @classmethod
+    def installed(cls) -> bool:
+        return importlib.util.find_spec(cls.package) is not None
+
+    @staticmethod
+    def has(env_id: str) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None) -> EnvAdapter:
+        raise NotImplementedError

@@ -12,7 +12,6 @@ built and called inside a scoped `jax.enable_x64` and cast at the boundary.
 """
 from __future__ import annotations
 
-import importlib.util
 from typing import NamedTuple
 
 import jax
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec, StepOut
+from jaxrl_dist.envs.base import Suite
 
 # Atari preprocessing beyond envpool's defaults (84x84 gray, 4-frame stack):
 # episodic life and reward clipping, the standard PPO Atari setting.
@@ -101,14 +101,11 @@ class EnvpoolEnv:
         return EnvpoolState(handle, done), out
 
 
-class EnvpoolSuite:
+class EnvpoolSuite(Suite):
     """`env.suite=envpool`: C++ env pools stepped from the host (Atari, MuJoCo, classic control)."""
 
+    package = "envpool"
     hint = "pip install 'jaxrl-dist[envpool]'"
-
-    @staticmethod
-    def installed() -> bool:
-        return importlib.util.find_spec("envpool") is not None
 
     @staticmethod
     def has(env_id: str) -> bool:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 import types
 
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec, StepOut
+from jaxrl_dist.envs.base import Suite
 
 
 # gymnax imports its rendering libraries (seaborn pulls in scipy) at module
@@ -108,14 +108,11 @@ class GymnaxEnv:
         return state, out
 
 
-class GymnaxSuite:
+class GymnaxSuite(Suite):
     """`env.suite=gymnax`: pure-JAX envs, vmapped and jitted with the policy."""
 
+    package = "gymnax"
     hint = "pip install gymnax six"
-
-    @staticmethod
-    def installed() -> bool:
-        return importlib.util.find_spec("gymnax") is not None
 
     @staticmethod
     def has(env_id: str) -> bool:
