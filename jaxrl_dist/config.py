@@ -126,7 +126,7 @@ def check_scheduler(cfg) -> None:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """How many shards each round runs (`jaxrl_dist/schedulers.py`)."""
+    """How many shards each round runs (`jaxrl_dist/scheduling/schedulers.py`)."""
 
     name: str = "fixed"  # fixed | max | adapt | ramp | a plugin's name
     num_shards: int = 4  # fixed: shards per round
@@ -184,7 +184,7 @@ class CostConfig:
 
 @dataclass(frozen=True)
 class AsyncConfig:
-    """The async trainer (`trainer=async`, `jaxrl_dist/asynchronous.py`); YAML key `async`."""
+    """The async trainer (`trainer=async`, `jaxrl_dist/trainers/asynchronous.py`); YAML key `async`."""
 
     max_staleness: int = 1  # params versions a learned-from chunk may lag the learner by
     batch_chunks: int = 4  # chunks (one shard's rollout each) per learner update
