@@ -104,7 +104,9 @@ def run_label(run: Run) -> str:
     cfg = run.config or {}
     backend = (cfg.get("backend") or {}).get("name")
     scheduler = (cfg.get("scheduler") or {}).get("name")
-    if backend == "fused":
+    trainer = cfg.get("trainer")
+    trainer = trainer.get("name") if isinstance(trainer, dict) else trainer
+    if backend == "fused" or trainer == "fused":  # runs from before `trainer=` said `backend=fused`
         return f"{run.path.name} (fused)"
     if backend:
         return f"{run.path.name} ({backend}/{scheduler})" if scheduler else f"{run.path.name} ({backend})"
