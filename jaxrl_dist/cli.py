@@ -1,6 +1,6 @@
 """`jaxrl-dist` console script: `jaxrl-dist train [overrides...]`.
 
-Configs are composed with Hydra's compose API against the repo's `configs/`
+Configs are composed with Hydra's compose API against the package's `configs/`
 (not `@hydra.main`), so this module owns error handling: every bad config,
 whether Hydra rejects the override or `jaxrl_dist.config` rejects the value,
 ends the process with exit code 2 and one line on stderr naming the key,
@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# inside the package, so a plain (non-editable) install finds them from any directory
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
 
 _EPILOG = """\
 overrides (Hydra syntax):
-  env=PRESET            a preset from configs/env/ ({presets})
+  env=PRESET            a preset from jaxrl_dist/configs/env/ ({presets})
   env.id=ID env.suite=gymnax|envpool
                         any gymnax or envpool id without a preset
   algo.lr=3e-4 algo.total_timesteps=1e6 num_seeds=4 seed=1

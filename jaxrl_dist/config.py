@@ -159,7 +159,7 @@ class ServeConfig:
 @dataclass(frozen=True)
 class CostConfig:
     """Prices and latencies of one platform (`jaxrl_dist.scheduling.cost`); the defaults are the
-    `azure_aci` preset, whose sources are in `configs/cost/azure_aci.yaml`."""
+    `azure_aci` preset, whose sources are in `jaxrl_dist/configs/cost/azure_aci.yaml`."""
 
     name: str = "azure_aci"
     kind: str = "serverless"  # serverless: billed per shard | cluster: billed for its whole life
