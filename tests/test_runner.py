@@ -165,3 +165,14 @@ def test_tensorboard_gets_every_scalar_of_every_update(tmp_path):
     assert "charts/episodic_return" not in scalars[1][1]
     assert [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
         == [4, 5, 6]
+
+
+@pytest.mark.parametrize("updates, log_chunks, every, want", [
+    (976, 20, 0, 61),  # 16 chunks; the largest divisor below 48.8 was 16 (61 chunks)
+    (1000, 20, 0, 50), (488, 20, 0, 8), (4, 20, 0, 1), (40, 20, 0, 2), (977, 20, 0, 1),
+    (976, 20, 100, 4), (976, 1, 0, 976)])
+def test_chunk_size_divides_and_lands_near_the_log_chunks(updates, log_chunks, every, want):
+    from jaxrl_dist.trainers.fused import chunk_size
+
+    assert chunk_size(updates, log_chunks, every) == want
+    assert chunk_size(updates, log_chunks, every, loop_free=True) == 1
