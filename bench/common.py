@@ -17,10 +17,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from jaxrl_dist.platform import configure_cpu, cpu_model
+from jaxrl_dist.platform import configure_cpu, cpu_model, use_unrolled_threefry
 
 configure_cpu()  # the CLI's XLA settings; must precede JAX's first backend use
 import jax  # noqa: E402
+
+use_unrolled_threefry()  # as the CLI does, before anything is traced
 
 REPO = Path(__file__).resolve().parents[1]
 

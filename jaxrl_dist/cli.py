@@ -228,6 +228,15 @@ def _scheduler_parser(sub) -> None:
                        "env.id, else profile.Profile()'s defaults")
 
 
+def _prepare_jax() -> None:
+    """What a command that runs JAX sets before its first jit (once its config is
+    checked, so a bad override still fails before JAX loads): the unrolled CPU
+    threefry lowering, faster and bit for bit the same."""
+    from jaxrl_dist.platform import use_unrolled_threefry
+
+    use_unrolled_threefry()
+
+
 def _train(overrides: Sequence[str], print_config: bool) -> int:
     from jaxrl_dist.config import ConfigError, to_dict
     from jaxrl_dist.envs import EnvMakeError
@@ -238,6 +247,7 @@ def _train(overrides: Sequence[str], print_config: bool) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
+    _prepare_jax()
     from jaxrl_dist.trainers.runner import train
 
     from jaxrl_dist.backends import BackendError
@@ -271,6 +281,7 @@ def _serve(args) -> int:
     if cfg.token is None and not os.environ.get("JAXRL_DIST_TOKEN"):
         raise CliConfigError("serve.token: no token; pass --token, set JAXRL_DIST_TOKEN, "
                              "or serve.token='' to serve without authentication")
+    _prepare_jax()
     from jaxrl_dist.serve import serve
 
     serve(cfg)
@@ -304,6 +315,7 @@ def _scheduler_train(args) -> int:
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + " ".join(str(err).split())) from err
     print(f"profile: {profile.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
+    _prepare_jax()
     env = mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
     init_from = args.init_from or cfg.scheduler.init_from
     if init_from and not Path(init_from).is_file():
@@ -325,6 +337,7 @@ def _calibrate(args) -> int:
     serve = calibrate.LoopbackServe() if backend["name"] == "http" and not backend["urls"] else None
     cfg = load_config(list(args.overrides) + (serve.overrides() if serve else []))
     opts = calibrate.Options(args.rounds, args.shards, args.learner_shards, args.repeats)
+    _prepare_jax()
     try:
         profile, meta = calibrate.calibrate(cfg, opts, serve)
     except ConfigError as err:

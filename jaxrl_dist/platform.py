@@ -1,8 +1,12 @@
-"""Process-level XLA settings for CPU hosts, applied before JAX starts.
+"""Process-level settings for CPU hosts: XLA flags, and JAX's threefry lowering.
 
 XLA reads `XLA_FLAGS` once, when its first backend starts, so entry points
 (the CLI, the benchmarks) call `configure_cpu()` before anything touches
 JAX; a library user may do the same. Flags already in `XLA_FLAGS` win.
+
+`use_unrolled_threefry()` is a separate opt-in, made by the same entry points
+once JAX may load: it reaches into JAX's private `jax._src`, so no module of
+this package does it as a side effect of being imported.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ _FLAGS = {
     "xla_force_host_platform_device_count": lambda: str(os.cpu_count() or 1),
     "xla_cpu_enable_concurrency_optimized_scheduler": lambda: "false",
 }
+_unrolled = False  # set by use_unrolled_threefry
 
 
 def configure_cpu() -> str:
@@ -38,3 +43,37 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def use_unrolled_threefry() -> bool:
+    """Lower JAX's threefry hash unrolled on CPU too, as on other platforms.
+
+    On CPU, JAX lowers threefry to a rolled 5-round loop to keep compiles
+    small; inside a rollout step that loop costs more than the hash itself.
+    The random bits are the same, but XLA compiles the code around them
+    differently, and a float op there may round differently: a Pendulum run's
+    rewards (hence its params) differ in the last bits, CartPole's do not. The
+    CLI opts in, and so do tests (tests/test_golden.py's digests need it).
+
+    Lowerings are cached per traced function, so call this before the first
+    jit that draws random numbers. Imports JAX. Returns False where this JAX
+    has no such hook (nothing is changed then).
+    """
+    global _unrolled
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.random import threefry2x32 as threefry
+    except ImportError:
+        return False
+    rule = getattr(threefry, "_threefry2x32_lowering_rule", None)
+    primitive = getattr(threefry, "threefry2x32_p", None)
+    if rule is None or primitive is None:
+        return False
+    mlir.register_lowering(primitive, rule, platform="cpu")
+    _unrolled = True
+    return True
+
+
+def unrolled_threefry() -> bool:
+    """Whether this process opted in (`use_unrolled_threefry`), for workers that mirror it."""
+    return _unrolled

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from jaxrl_dist.config import ServeConfig
+from jaxrl_dist.platform import use_unrolled_threefry
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 MSGPACK = b"application/msgpack"
@@ -197,7 +198,8 @@ def config_from_env(cfg: ServeConfig = ServeConfig()) -> ServeConfig:
 
 def app_from_env() -> ServeApp:
     """The app configured from the environment alone, for containers and AWS Lambda
-    (`JAXRL_DIST_TOKEN` too)."""
+    (`JAXRL_DIST_TOKEN` too). As an entry point it opts in to the unrolled CPU threefry."""
+    use_unrolled_threefry()
     return create_app(config_from_env())
 
 

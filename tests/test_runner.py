@@ -96,3 +96,86 @@ def test_params_digest_changes_with_params():
     assert rundir.params_digest(a) == rundir.params_digest({"w": np.zeros((2, 3), np.float32)})
     assert rundir.params_digest(a) != rundir.params_digest(b)
     assert math.isfinite(rundir.peak_rss_mb())
+
+
+def reference_records(metrics, first_update, steps_per_update, sps):
+    """chunk_records as it was, one numpy reduction per update and value."""
+    records = []
+    for k in range(np.shape(metrics["loss"])[0]):
+        update = first_update + k
+        rec = {"update": update, "env_steps": update * steps_per_update,
+               "return": logger.seed_mean(metrics["return_mean"][k])}
+        rec.update({n: logger.nan_to_none(np.mean(metrics[n][k])) for n in logger.LOSS_KEYS})
+        rec["sps"] = logger.nan_to_none(sps)
+        rec["episode_return_sum"] = [float(x) for x in metrics["episode_return_sum"][k]]
+        rec["episodes"] = [float(x) for x in metrics["episodes"][k]]
+        records.append(rec)
+    return records
+
+
+@pytest.mark.parametrize("seeds", [1, 4, 9, 64])
+def test_chunk_records_match_per_update_reductions(seeds):
+    rng = np.random.default_rng(seeds)
+    k = 16
+    m = {n: (rng.standard_normal((k, seeds)) * 100).astype(np.float32) for n in logger.LOSS_KEYS}
+    ret = (rng.standard_normal((k, seeds)) * 100).astype(np.float32)
+    ret[3, 0] = np.nan  # a seed without episodes
+    ret[5, :] = np.nan  # no seed with one
+    m.update(return_mean=ret, episode_return_sum=rng.random((k, seeds)).astype(np.float32),
+             episodes=rng.integers(0, 3, (k, seeds)).astype(np.float32))
+    m["loss"][7, 0] = np.nan
+    got = [r.to_json() for r in logger.chunk_records(m, 33, 512, 1234.5)]
+    assert json.dumps(got) == json.dumps(reference_records(m, 33, 512, 1234.5))
+
+
+def read_events(path):
+    """(step, {tag: value}) of every event in a TensorBoard file, checking each record's CRCs."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.record_writer import masked_crc32c
+
+    data, events, at = path.read_bytes(), [], 0
+    while at < len(data):
+        header = data[at:at + 8]
+        (length,) = struct.unpack("Q", header)
+        assert struct.unpack("I", data[at + 8:at + 12])[0] == masked_crc32c(header)
+        body = data[at + 12:at + 12 + length]
+        assert struct.unpack("I", data[at + 12 + length:at + 16 + length])[0] == masked_crc32c(body)
+        events.append(Event.FromString(body))
+        at += 16 + length
+    return events
+
+
+def test_tensorboard_gets_every_scalar_of_every_update(tmp_path):
+    recs = logger.chunk_records(metrics([10.0, 0.0], [2, 0], k=3), first_update=4,
+                                steps_per_update=512, sps=1000.0)
+    recs[1] = recs[1].replace(ret=None)  # no episode finished: the return is left out
+    log = logger.MetricsLogger(tmp_path, 512 * 10, done_steps=3 * 512, tensorboard=True,
+                               progress=False)
+    log.log(recs)
+    log.close()
+    (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    events = read_events(path)
+    assert events[0].file_version == "brain.Event:2"
+    # SummaryWriter(purge_step=...)'s marker: TensorBoard drops steps a killed run wrote past it
+    assert [e.step for e in events[1:3]] == [3 * 512 + 1] * 2
+    assert events[2].session_log.status == events[2].session_log.START
+    scalars = [(e.step, {v.tag: v.simple_value for v in e.summary.value}) for e in events[3:]]
+    assert [step for step, _ in scalars] == [4 * 512, 5 * 512, 6 * 512]
+    assert scalars[0][1] == pytest.approx({"charts/episodic_return": 5.0, "charts/sps": 1000.0,
+                                           **{f"losses/{n}": 0.5 for n in logger.LOSS_KEYS}})
+    assert "charts/episodic_return" not in scalars[1][1]
+    assert [json.loads(line)["update"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] \
+        == [4, 5, 6]
+
+
+@pytest.mark.parametrize("updates, log_chunks, every, want", [
+    (976, 20, 0, 61),  # 16 chunks; the largest divisor below 48.8 was 16 (61 chunks)
+    (1000, 20, 0, 50), (488, 20, 0, 8), (4, 20, 0, 1), (40, 20, 0, 2), (977, 20, 0, 1),
+    (976, 20, 100, 4), (976, 1, 0, 976)])
+def test_chunk_size_divides_and_lands_near_the_log_chunks(updates, log_chunks, every, want):
+    from jaxrl_dist.trainers.fused import chunk_size
+
+    assert chunk_size(updates, log_chunks, every) == want
+    assert chunk_size(updates, log_chunks, every, loop_free=True) == 1

@@ -39,6 +39,7 @@ from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, Sha
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker
+from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
 MAX_BODY = 1 << 31
@@ -57,12 +58,14 @@ def _one_line(err: BaseException) -> str:
 def _actor_setup(same_host: bool) -> dict:
     """What an actor process sets before its JAX starts: CPU only, the driver's
     XLA flags (less its CPU device count: an actor runs one shard on one
-    device) and, on the driver's own host, its persistent compile cache."""
+    device), its threefry lowering and, on the driver's own host, its
+    persistent compile cache."""
     import sys
 
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if "xla_force_host_platform_device_count" not in f]
-    setup = {"env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}, "config": {}}
+    setup = {"env": {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags)}, "config": {},
+             "unrolled_threefry": unrolled_threefry()}
     jax = sys.modules.get("jax")
     if same_host and jax is not None and jax.config.jax_compilation_cache_dir:
         setup["config"] = {name: getattr(jax.config, name) for name in (
@@ -82,6 +85,8 @@ class ShardActor:
         jax.config.update("jax_platforms", "cpu")
         for name, value in setup["config"].items():
             jax.config.update(name, value)
+        if setup.get("unrolled_threefry"):
+            use_unrolled_threefry()
         ctx = ray.get_runtime_context()
         self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
                      f"/actor-{ctx.get_actor_id()[:12]}")

@@ -19,6 +19,7 @@ a run killed mid-write leaves no half checkpoint behind.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +48,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path):
         self._mngr = _manager(run_dir)
+        self.seconds = 0.0  # spent in `save`, for the run summary
 
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
@@ -56,9 +58,11 @@ class Checkpointer:
         skipped if that step exists."""
         import orbax.checkpoint as ocp
 
+        start = time.perf_counter()
         step = int(runner.update) if step is None else int(step)
         if step not in self._mngr.all_steps():
             self._mngr.save(step, args=ocp.args.StandardSave(runner))
+        self.seconds += time.perf_counter() - start
         return step
 
     def restore(self, template, step: Optional[int] = None):

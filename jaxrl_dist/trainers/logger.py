@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -43,17 +44,30 @@ def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: 
 
     `first_update` is the 1-based number of the chunk's first update;
     `env_steps` counts steps per seed, like `algo.total_timesteps`. Episode
-    sums stay per seed, so final returns can be recomputed from the file.
+    sums stay per seed, so final returns can be recomputed from the file. The
+    arrays are reduced and turned into Python floats once per chunk, not per
+    update (the same numbers: a row's mean is the same reduction either way).
     """
+    returns = _seed_means(metrics["return_mean"])
+    losses = {name: np.mean(metrics[name], axis=1).tolist() for name in loss_keys(metrics)}
+    # per-seed sums, so final returns can be recomputed from the file
+    sums = np.asarray(metrics["episode_return_sum"], np.float64).tolist()
+    episodes = np.asarray(metrics["episodes"], np.float64).tolist()
     records = []
-    for k in range(np.shape(metrics["return_mean"])[0]):
+    for k, ret in enumerate(returns):
         update = first_update + k
-        losses = {name: nan_to_none(np.mean(metrics[name][k])) for name in loss_keys(metrics)}
-        records.append(Record(update, update * steps_per_update, seed_mean(metrics["return_mean"][k]),
-                              losses, nan_to_none(sps),
-                              tuple(float(x) for x in metrics["episode_return_sum"][k]),
-                              tuple(float(x) for x in metrics["episodes"][k])))
+        records.append(Record(update, update * steps_per_update, ret,
+                              {name: nan_to_none(losses[name][k]) for name in losses}, nan_to_none(sps),
+                              tuple(sums[k]), tuple(episodes[k])))
     return records
+
+
+def _seed_means(values) -> list:
+    """`seed_mean` of each row of `[K, S]` values; rows with no NaN in one reduction."""
+    values = np.asarray(values, np.float64)
+    full = np.isfinite(values).all(axis=1).tolist()
+    means = values.mean(axis=1).tolist()
+    return [mean if ok else seed_mean(row) for mean, ok, row in zip(means, full, values)]
 
 
 def final_returns(records: list, num_updates: int, fraction: float = 0.1):
@@ -89,27 +103,28 @@ def truncate_records(path: Path, upto: int) -> list:
 
 
 class MetricsLogger:
-    """Appends records to `metrics.jsonl`, TensorBoard and a rich progress bar."""
+    """Appends records to `metrics.jsonl`, TensorBoard and a rich progress bar.
+
+    Everything is written in the calling thread, a chunk of records at a time;
+    the fused runner calls it while the device runs the next chunk.
+    """
 
     def __init__(self, run_dir: Path, total_steps: int, done_steps: int = 0,
                  tensorboard: bool = True, progress: bool = True):
         self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            # purge_step hides events a killed run wrote past its last checkpoint
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=done_steps + 1)
+        # purge_step hides events a killed run wrote past its last checkpoint
+        self._tb = EventFile(run_dir / "tensorboard", purge_step=done_steps + 1) if tensorboard else None
         self._progress = _make_progress(total_steps, done_steps) if progress else None
 
     def log(self, records: list) -> None:
         """Write `Record`s: JSON is made here, and only here."""
-        for rec in records:
-            line = rec.to_json()
-            self._file.write(json.dumps(line) + "\n")
-            if self._tb is not None:
-                _write_tb(self._tb, line)
-        if self._progress is not None and records:
+        if not records:
+            return
+        lines = [rec.to_json() for rec in records]
+        self._file.write("".join(json.dumps(line) + "\n" for line in lines))  # one flush a chunk
+        if self._tb is not None:
+            self._tb.write(lines)
+        if self._progress is not None:
             last = records[-1]
             ret = "-" if last.ret is None else f"{last.ret:.1f}"
             self._progress[0].update(self._progress[1], completed=last.env_steps,
@@ -124,31 +139,65 @@ class MetricsLogger:
 
 
 # record fields that are bookkeeping, not a quantity over training
-_NOT_SCALARS = ("env_steps", "time", "update", "round")
+_NOT_SCALARS = ("env_steps", "time", "update", "round", "return")
 
 
-def _write_tb(writer, rec: dict) -> None:
-    """Every numeric field of the record: return and throughput under `charts/`, the
-    built-in loss's metrics under `losses/`, the rest (a plugin loss's metrics, times,
-    bytes, cost, shards) under `metrics/`."""
-    step = rec["env_steps"]
-    if rec["return"] is not None:
-        writer.add_scalar("charts/episodic_return", rec["return"], step)
+def tb_scalars(rec: dict) -> list:
+    """`(tag, value)` of every numeric field of a record's JSON line (a missing value is
+    left out): return and throughput under `charts/`, the built-in loss's metrics under
+    `losses/`, the rest (a plugin loss's metrics, times, bytes, cost, shards) under `metrics/`."""
+    scalars = [("charts/episodic_return", rec["return"])] if rec.get("return") is not None else []
     for name, value in rec.items():
-        if name in _NOT_SCALARS or name == "return" or isinstance(value, bool):
-            continue
-        if not isinstance(value, (int, float)):
+        if name in _NOT_SCALARS or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         group = "charts" if name == "sps" else "losses" if name in LOSS_KEYS else "metrics"
-        writer.add_scalar(f"{group}/{name}", value, step)
+        scalars.append((f"{group}/{name}", value))
+    return scalars
+
+
+class EventFile:
+    """A TensorBoard event file, written in the calling thread: one event per record,
+    holding all of its scalars at the record's `env_steps`.
+
+    tensorboardX's `SummaryWriter.add_scalar` makes an event per scalar and hands
+    each to a writer thread through a multiprocessing queue ten events deep, and
+    that thread checksums it in pure Python: on a small CartPole run the run
+    loop blocked on that queue for a fifth of its time (bench/RESULTS.md). The
+    file is tensorboardX's own format and name, with its purge marker; the OS
+    sees the buffered bytes every few KiB, and `close` flushes and syncs.
+    """
+
+    def __init__(self, logdir: Path, purge_step: int):
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        Path(logdir).mkdir(parents=True, exist_ok=True)
+        self._writer = EventsWriter(str(Path(logdir) / "events"))  # starts with the version event
+        # what SummaryWriter(purge_step=...) writes: TensorBoard drops later steps written before
+        self._writer.write_event(Event(step=purge_step, file_version="brain.Event:2"))
+        self._writer.write_event(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def write(self, records: list) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        now = time.time()
+        for rec in records:
+            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in tb_scalars(rec)]
+            self._writer.write_event(Event(wall_time=now, step=rec["env_steps"],
+                                           summary=Summary(value=values)))
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def _make_progress(total_steps: int, done_steps: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # the bar moves once a chunk; redrawn at rich's default 10 Hz it took ~2% of a core
     progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}"),
-                        TimeRemainingColumn(), transient=False)
+                        TimeRemainingColumn(), transient=False, refresh_per_second=2)
     task = progress.add_task("train", total=total_steps, completed=done_steps, sps="-", ret="-")
     progress.start()
     return progress, task
