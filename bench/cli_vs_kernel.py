@@ -4,7 +4,7 @@
     x 4 minibatches, 5e5 steps): `fused.make_train_chunk` over the whole training in
     one call, compiled and warmed up in a long-lived child process, then one timed
     call per round on a fresh runner (built outside the clock).
-(b) cli: `python -m jaxrl_dist.cli train backend=fused env.id=CartPole-v1` in a
+(b) cli: `python -m jaxrl_dist.cli train trainer=fused env.id=CartPole-v1` in a
     subprocess on a pseudo-terminal (so the progress bar draws as in a terminal),
     default logging on (progress bar, TensorBoard, JSONL); its steps/s is `sps` of
     the run's summary.json (train time, compile apart).
@@ -37,7 +37,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-CLI_ARGS = ["train", "backend=fused", "env.id=CartPole-v1"]
+CLI_ARGS = ["train", "trainer=fused", "env.id=CartPole-v1"]
+
+
+def cli_args(tree: Path) -> list:
+    """`CLI_ARGS` as `tree` spells them: trees from before the trainer group chose the
+    fused trainer with `backend=fused`."""
+    grouped = (tree / "jaxrl_dist" / "configs" / "trainer").is_dir() or (tree / "configs" / "trainer").is_dir()
+    return CLI_ARGS if grouped else [a.replace("trainer=fused", "backend=fused") for a in CLI_ARGS]
 
 
 # --- the kernel, in a child process: compile and warm up once, then one timed call per request
@@ -150,7 +157,7 @@ def run_cli(tree: Path, run_dir: Path, cache: Path, extra: list) -> dict:
     others' CPU over the whole process."""
     env = dict(os.environ, PYTHONPATH=str(tree), XDG_CACHE_HOME=str(cache), TERM="xterm-256color")
     env.pop("XLA_FLAGS", None)  # the CLI sets its own, as for a user
-    cmd = [sys.executable, "-m", "jaxrl_dist.cli", *CLI_ARGS, f"run.dir={run_dir}", *extra]
+    cmd = [sys.executable, "-m", "jaxrl_dist.cli", *cli_args(tree), f"run.dir={run_dir}", *extra]
     busy, child, t0 = _busy_seconds(), _children_cpu(), time.perf_counter()
     code, output = in_terminal(cmd, env, tree)
     wall = time.perf_counter() - t0
