@@ -83,7 +83,7 @@ def test_retry_after_sets_the_least_wait_up_to_its_cap():
 @pytest.mark.parametrize("key", ["retry_backoff_s", "retry_backoff_max_s"])
 def test_negative_backoff_is_a_config_error_naming_the_key(key):
     with pytest.raises(ConfigError, match=f"backend.{key} must be >= 0"):
-        from_dict({"backend": {"name": "local", key: -1.0}})
+        from_dict({"trainer": "sync", "backend": {"name": "local", key: -1.0}})
 
 
 # -- a real HTTP server on loopback --------------------------------------------
