@@ -94,7 +94,7 @@ def child(bench_dir: str, what: str, run_dir: str) -> None:
     if what == "paired":
         from jaxrl_dist import cli
 
-        if cli.main([*cli_args(tree), f"run.dir={run_dir}"]) != 0:
+        if cli.main([*cli_args(Path(bench_dir).parent), f"run.dir={run_dir}"]) != 0:
             raise SystemExit("jaxrl-dist train failed")
         out["cli_sps"] = json.loads((Path(run_dir) / "summary.json").read_text())["sps"]
     import fused as fb
