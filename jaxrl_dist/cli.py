@@ -67,21 +67,18 @@ _OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.opt
 def _normalise_overrides(overrides: Sequence[str]) -> list:
     """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's
     `++` (the composed config is otherwise closed); refuse the old `backend=fused`."""
-    for o in overrides:
+    from jaxrl_dist.config import FUSED_IS_A_TRAINER
+
+    for o in overrides:  # the preset `backend/fused` is gone: Hydra would not reach the config check
         if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
-            raise CliConfigError(f"{o}: the fused trainer is chosen with trainer=fused now "
-                                 f"(backend= only says where shards run: local, ray, http)")
+            raise CliConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
     return [f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o
             for o in overrides]
 
 
 def override_keys(overrides: Sequence[str]) -> list:
     """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
-    keys = []
-    for o in overrides:
-        key = o.split("=", 1)[0].lstrip("+~")
-        keys.append("async" + key[len("async"):] if key.startswith("async") else key)
-    return keys
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
 
 
 def _store_defaults() -> None:

@@ -297,6 +297,10 @@ def from_dict(data: dict, user_keys=()) -> Config:
     return cfg
 
 
+# the one line for the old spelling of the fused trainer (the CLI's `backend=fused` too)
+FUSED_IS_A_TRAINER = ("the fused trainer is chosen with trainer=fused now "
+                      "(backend= only says where shards run: local, ray, http)")
+
 # key prefixes each trainer never reads
 _IGNORED = {
     "fused": ("backend.", "scheduler.", "async.", "cost.", "run.target_return", "run.stop_at_target",
@@ -311,9 +315,8 @@ def check_used(cfg: Config, keys) -> None:
     name = cfg.trainer.name
     for key in keys:
         if any(key == p or key.startswith(p) or f"{key}." == p for p in _IGNORED.get(name, ())):
-            raise ConfigError(f"{key}: trainer={name} does not use it (set trainer=sync or async, "
-                              f"or drop the key)" if name == "fused" else
-                              f"{key}: trainer={name} does not use it; drop the key")
+            what = " (set trainer=sync or async, or drop the key)" if name == "fused" else "; drop the key"
+            raise ConfigError(f"{key}: trainer={name} does not use it{what}")
     if "algo.num_minibatches" in keys and cfg.algo.minibatch_size is not None:
         raise ConfigError(f"algo.num_minibatches: ignored while algo.minibatch_size="
                           f"{cfg.algo.minibatch_size} is set; set algo.minibatch_size=null to use it")
@@ -464,8 +467,7 @@ def validate(cfg: Config) -> Config:
     _check_stops(cfg.run)
     _check_cost(cfg.cost)
     if cfg.backend.name == "fused":
-        raise ConfigError("backend=fused: the fused trainer is chosen with trainer=fused now "
-                          "(backend= only says where shards run: local, ray, http)")
+        raise ConfigError(f"backend=fused: {FUSED_IS_A_TRAINER}")
     if cfg.trainer.name not in TRAINERS:
         raise ConfigError(f"trainer: unknown trainer {cfg.trainer.name!r} (choose from: {', '.join(TRAINERS)})")
     if cfg.trainer.name != "fused":

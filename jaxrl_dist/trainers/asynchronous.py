@@ -70,7 +70,7 @@ from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
 from jaxrl_dist.scheduling.records import Cost, Record, steps_done
 from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, fresh_clock, init_table, init_train,
                                       limit_reason, param_bytes, recent_return_of, round_keys, shard_parts,
-                                      shard_seconds, straggle, target_reason, train_rounds, wall_origin)
+                                      shard_seconds, straggle, target_reason, train_rounds, clock_now, clock_start)
 from jaxrl_dist.backends import wire
 
 
@@ -299,6 +299,10 @@ class Balancer:
         if self.level_start is None:  # windows start after the first update: no start-up
             self.level_start = (time.perf_counter(), self.learned)
 
+    def note_update(self, learn_s: float) -> None:
+        """The learner's seconds on one update."""
+        self.update_s.append(learn_s)
+
     def step(self) -> int:
         """The actor count to run next (measures the current level's rate first)."""
         if not self.chunk_s or not self.update_s or self.level_start is None:
@@ -439,11 +443,10 @@ class AsyncTrainer:
     def _setup_run(self, t_start: Optional[float]) -> None:
         """The cost account and both clocks, continuing a resumed run's."""
         first, top = actor_range(self.cfg, self.backend)
-        modeled, usd, _ = (float(x) for x in self.state.clock)
+        modeled, usd, self._wall0 = clock_start(self.state.clock, t_start)
         self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
                                     modeled, usd,
                                     prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
-        self._wall0 = wall_origin(self.state.clock, t_start)
         self._param_bytes = param_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
 
@@ -510,7 +513,7 @@ class AsyncTrainer:
         done = time.perf_counter()
         times = {"learn": done - max(dispatched, self._last_update_t), "update": done - self._last_update_t}
         self._last_update_t = done
-        self.balancer.update_s.append(times["learn"])
+        self.balancer.note_update(times["learn"])
         return metrics, times
 
     def _stop_late(self, records: list) -> Optional[str]:
@@ -574,7 +577,7 @@ class AsyncTrainer:
             if self._ledger:
                 table.put(list(self._ledger), list(self._ledger.values()))
             table = jax.tree.map(np.asarray, table.data)
-        clock = np.array([self.account.now, self.account.usd, time.perf_counter() - self._wall0], np.float64)
+        clock = clock_now(self.account.now, self.account.usd, self._wall0)
         state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32), clock)
         self.ckpt.save(state, step=version)
         self.state = state

@@ -206,10 +206,16 @@ def target_reason(cfg: Config, records: list) -> Optional[str]:
     return None
 
 
-def wall_origin(clock, t_start: Optional[float]) -> float:
-    """Where the measured clock starts (`time.perf_counter()`), continuing the checkpoint's
-    `clock` (`CLOCK_FIELDS`)."""
-    return (time.perf_counter() if t_start is None else t_start) - float(clock[2])
+def clock_start(clock, t_start: Optional[float]) -> tuple:
+    """`(modeled seconds, dollars, wall origin)` a run continues from a checkpoint's `clock`
+    (`CLOCK_FIELDS`); the wall origin is in `time.perf_counter()` time (`t_start`, else now)."""
+    modeled, usd, wall = (float(x) for x in clock)
+    return modeled, usd, (time.perf_counter() if t_start is None else t_start) - wall
+
+
+def clock_now(modeled_now: float, usd: float, wall0: float) -> np.ndarray:
+    """`CLOCK_FIELDS` now, for a checkpoint."""
+    return np.array([modeled_now, usd, time.perf_counter() - wall0], np.float64)
 
 
 def param_bytes(params) -> int:
@@ -271,9 +277,8 @@ class RoundTrainer:
 
     def _start_clocks(self, t_start: Optional[float]) -> None:
         """The modeled clock and dollars, and the measured clock, continuing the checkpoint's."""
-        modeled, usd, _ = (float(x) for x in self.state.clock)
+        modeled, usd, self._wall0 = clock_start(self.state.clock, t_start)
         self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards, modeled, usd)
-        self._wall0 = wall_origin(self.state.clock, t_start)
         self._param_bytes = param_bytes(self.state.train.params)
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
@@ -337,9 +342,7 @@ class RoundTrainer:
         self.ckpt.save(RoundState(train, data, np.int32(r), self._clock()), step=r)
 
     def _clock(self) -> np.ndarray:
-        """`CLOCK_FIELDS` now, for the checkpoint."""
-        return np.array([self.account.clock.now, self.account.usd, time.perf_counter() - self._wall0],
-                        np.float64)
+        return clock_now(self.account.clock.now, self.account.usd, self._wall0)
 
 
 def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict:
