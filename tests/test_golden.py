@@ -28,8 +28,13 @@ GOLDEN = {
         "67a0550aac6f29c254457262be798cdaadc43de69f660b5b49ea5d2b3b494b42",
     "fused_cartpole_4seeds":
         "bf427c84ad0d4f8b7cdb4ec8c1ef5ffe9db4dede890a7f021300d9590189389a",
-    "fused_pendulum":
-        "62f3ef3c001c1e9fc1ac554740baf764bff3c7abbd4764c7820c05639b70bae8",
+    # Pendulum's float results depend on the CPU XLA compiles for (its rewards round
+    # differently): each digest below was produced by the pre-reorganisation commit
+    # a137695 and by the current code alike on the machine it names
+    "fused_pendulum": (
+        "62f3ef3c001c1e9fc1ac554740baf764bff3c7abbd4764c7820c05639b70bae8",  # 2-vCPU Intel Xeon (KVM)
+        "9149e96430fe432d05636b78ee23287e54a6b84f86398c63d36f87b076534ee6",  # 2-vCPU AMD EPYC, AVX-512
+    ),
     "sync_local_4shards":
         "9faf53a90aeed83f8ba866ba5669d709349aa98224ad240e454ca3c7a9a6f6b9",
     "sync_http":
@@ -79,7 +84,8 @@ def mdp_digest():
 
 def check(name, digest):
     want = GOLDEN[name]
-    assert digest == want, f"{name}: {digest} != golden {want}"
+    want = (want,) if isinstance(want, str) else want
+    assert digest in want, f"{name}: {digest} not among the golden {want}"
     print(f"GOLDEN {name} {digest}")
 
 
