@@ -1,23 +1,26 @@
-"""`jaxrl-dist` console script: `jaxrl-dist train [overrides...]`.
+"""`jaxrl-dist` console script: `train`, `serve`, `report`, `scheduler train`, `calibrate`.
 
-Configs are composed with Hydra's compose API against the package's `configs/`
-(not `@hydra.main`), so this module owns error handling: every bad config,
-whether Hydra rejects the override or `jaxrl_dist.config` rejects the value,
-ends the process with exit code 2 and one line on stderr naming the key,
-before anything is compiled. This is the only module that imports Hydra.
+`train` is a Hydra application (`jaxrl_dist.app`); the other commands compose the
+same packaged configs with Hydra's compose API (`jaxrl_dist.overrides`). Every bad
+config, whether Hydra rejects the override or `jaxrl_dist.config` rejects the value,
+ends the process with exit code 2 and one line on stderr naming the key, before
+anything is compiled.
 """
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-# inside the package, so a plain (non-editable) install finds them from any directory
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+from jaxrl_dist.overrides import (CONFIG_DIR, CliConfigError, compose, load_config, override_keys,  # noqa: F401
+                                  presets)
+
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
+# what `jaxrl-dist train` hands to Hydra: its arguments, and the shell-completion query
+# (Hydra's completion script calls the program with `-sc query=SHELL`)
+_HYDRA_FIRST = ("train", "-sc", "--shell-completion")
 
 _EPILOG = """\
 overrides (Hydra syntax):
@@ -52,109 +55,15 @@ examples:
 """
 
 
-class CliConfigError(Exception):
-    """A config problem, already phrased as the one line to print."""
-
-
-def presets(group: str = "env") -> list:
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-
-
-# open mappings: their keys are the env maker's or a plugin's, not the schema's
-_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
-
-
-def _normalise_overrides(overrides: Sequence[str]) -> list:
-    """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's
-    `++` (the composed config is otherwise closed); refuse the old `backend=fused`."""
-    from jaxrl_dist.config import FUSED_IS_A_TRAINER
-
-    for o in overrides:  # the preset `backend/fused` is gone: Hydra would not reach the config check
-        if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
-            raise CliConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
-    return [f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o
-            for o in overrides]
-
-
-def override_keys(overrides: Sequence[str]) -> list:
-    """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
-    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-
-
-def _store_defaults() -> None:
-    """The dataclasses' defaults as the node `config.yaml` starts from."""
-    from hydra.core.config_store import ConfigStore
-
-    from jaxrl_dist.config import Config, to_dict
-
-    ConfigStore.instance().store(name="jaxrl_dist_defaults", node=to_dict(Config()))
-
-
-def _hydra_message(err: Exception) -> str:
-    """One line for a Hydra/OmegaConf error, naming the key where it can be found."""
-    from hydra.errors import OverrideParseException
-
-    if isinstance(err, OverrideParseException):
-        reason = str(err).split("\n")[0]  # drop Hydra's link to the grammar docs
-        return f"bad override '{err.override}': {reason}"
-    text = " ".join(str(err).split())
-    match = re.search(r"Could not override '([^']+)'", text)
-    if match:
-        cause = " ".join(str(err.__cause__ or "").split())
-        if "not in struct" in cause:  # OmegaConf's wording for a key the config lacks
-            return f"unknown config key '{match.group(1)}'"
-        return f"bad value for '{match.group(1)}': {cause or text}"
-    match = re.search(r"Could not find '([^/']+)/([^']+)'", text)
-    if match:
-        group, option = match.groups()
-        return f"unknown {group} preset '{option}' (choose from: {', '.join(presets(group))})"
-    return text
-
-
-def compose(overrides: Sequence[str]) -> dict:
-    """The composed config as plain nested dicts; `CliConfigError` on Hydra errors."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    _store_defaults()
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
-                                   job_name="jaxrl-dist"):
-            cfg = hydra_compose("config", overrides=_normalise_overrides(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise CliConfigError(_hydra_message(err)) from err
-
-
-def load_config(overrides: Sequence[str]):
-    """A validated `Config` whose env id exists; `CliConfigError` otherwise."""
-    from jaxrl_dist.config import ConfigError, from_dict
-    from jaxrl_dist.envs import EnvMakeError, resolve_suite
-
-    try:
-        cfg = from_dict(compose(overrides), user_keys=override_keys(overrides))
-        if not cfg.run.resume:  # a resumed run checks the config saved with it
-            resolve_suite(cfg.env.id, cfg.env.suite)
-        return cfg
-    except (ConfigError, EnvMakeError) as err:
-        raise CliConfigError(" ".join(str(err).split())) from err
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxrl-dist", description="PPO in JAX on gymnax and envpool environments.",
         epilog=_EPILOG.format(presets=", ".join(presets())),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    train = sub.add_parser("train", help="train with the fused single-process trainer",
-                           epilog=_EPILOG.format(presets=", ".join(presets())),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
-    train.add_argument("--print-config", action="store_true",
-                       help="print the composed config as YAML and exit")
+    # listed for --help only: `train` goes to the Hydra app (`jaxrl-dist train --help`)
+    sub.add_parser("train", help="train (a Hydra app: -m sweeps, launchers, --cfg, --info; "
+                   "see jaxrl-dist train --help)")
     serve = sub.add_parser("serve", help="serve the actor function (POST /v1/rollout) with uvicorn",
                            epilog=_SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--host", help="interface to bind (default serve.host, 127.0.0.1)")
@@ -232,31 +141,6 @@ def _prepare_jax() -> None:
     from jaxrl_dist.platform import use_unrolled_threefry
 
     use_unrolled_threefry()
-
-
-def _train(overrides: Sequence[str], print_config: bool) -> int:
-    from jaxrl_dist.config import ConfigError, to_dict
-    from jaxrl_dist.envs import EnvMakeError
-
-    cfg = load_config(overrides)
-    if print_config:
-        import yaml
-
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-        return 0
-    _prepare_jax()
-    from jaxrl_dist.trainers.runner import train
-
-    from jaxrl_dist.backends import BackendError
-
-    try:
-        train(cfg)
-    except (ConfigError, EnvMakeError) as err:  # raised before the first compile
-        raise CliConfigError(" ".join(str(err).split())) from err
-    except BackendError as err:  # every retry spent; the last checkpoint is on disk
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_BACKEND_ERROR
-    return 0
 
 
 def _serve(args) -> int:
@@ -352,6 +236,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from jaxrl_dist.platform import configure_cpu
 
     configure_cpu()  # before JAX starts: XLA reads its flags once
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _HYDRA_FIRST:
+        from jaxrl_dist import app
+
+        return app.main(argv[1:] if argv[0] == "train" else argv)
     args = _parser().parse_args(argv)
     try:
         if args.command == "serve":
@@ -362,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _scheduler_train(args)
         if args.command == "calibrate":
             return _calibrate(args)
-        return _train(args.overrides, args.print_config)
+        raise AssertionError(args.command)  # train is routed to the Hydra app above
     except (CliConfigError, ConfigError) as err:  # a check deeper down names the key as well
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

@@ -64,6 +64,7 @@ class RunConfig:
     compile_cache: bool = True
     progress: bool = True
     log_chunks: int = 20  # host round-trips for logging over the whole run
+    objective: str = "final_return"  # the summary key a run returns to a Hydra sweeper (optuna)
     tensorboard: bool = True
     # round trainer only (the fused trainer ignores them)
     target_return: Optional[float] = None  # the recent return >= this is "target reached"

@@ -20,12 +20,14 @@ LAYERS = [
     ("scheduling",),
     ("trainers",),
     ("serve", "calibrate", "scheduler_training", "report", "api"),
-    ("cli", "__main__"),
+    ("cli", "app", "overrides", "__main__"),
 ]
 # where a function-local import of the package's own modules is deliberate
 LAZY = {
     "jaxrl_dist.cli": "the console script answers --help and bad overrides before JAX loads",
     "jaxrl_dist.serve": "the server answers health checks before JAX loads",
+    "jaxrl_dist.app": "train checks its overrides and answers --help before JAX loads",
+    "jaxrl_dist.overrides": "composing and checking overrides loads no JAX",
     "jaxrl_dist": "`import jaxrl_dist` loads nothing heavy (public names resolve on first use)",
 }
 

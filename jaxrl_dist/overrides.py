@@ -1,0 +1,110 @@
+"""The packaged Hydra configs and the overrides every command takes: composing them
+with the dataclasses' defaults, checking them, and the one-line errors.
+
+Hydra is imported inside these functions, so a command answers `--help` and
+rejects a bad override without loading it or JAX before it must.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+# inside the package, so a plain (non-editable) install finds them from any directory
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+class CliConfigError(Exception):
+    """A config problem, already phrased as the one line to print."""
+
+
+def presets(group: str = "env") -> list:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+# open mappings: their keys are the env maker's or a plugin's, not the schema's
+_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+
+
+def normalise(overrides: Sequence[str]) -> list:
+    """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's
+    `++` (the composed config is otherwise closed); refuse the old `backend=fused`."""
+    from jaxrl_dist.config import FUSED_IS_A_TRAINER
+
+    for o in overrides:  # the preset `backend/fused` is gone: Hydra would not reach the config check
+        if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
+            raise CliConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
+    return [f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o
+            for o in overrides]
+
+
+def override_keys(overrides: Sequence[str]) -> list:
+    """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+
+
+def store_defaults() -> None:
+    """The dataclasses' defaults as the node `config.yaml` starts from."""
+    from hydra.core.config_store import ConfigStore
+
+    from jaxrl_dist.config import Config, to_dict
+
+    ConfigStore.instance().store(name="jaxrl_dist_defaults", node=to_dict(Config()))
+
+
+def hydra_message(err: Exception) -> str:
+    """One line for a Hydra/OmegaConf error, naming the key where it can be found."""
+    from hydra.errors import OverrideParseException
+
+    if isinstance(err, OverrideParseException):
+        reason = str(err).split("\n")[0]  # drop Hydra's link to the grammar docs
+        return f"bad override '{err.override}': {reason}"
+    text = " ".join(str(err).split())
+    match = re.search(r"Could not override '([^']+)'", text)
+    if match:
+        cause = " ".join(str(err.__cause__ or "").split())
+        if "not in struct" in cause:  # OmegaConf's wording for a key the config lacks
+            return f"unknown config key '{match.group(1)}'"
+        return f"bad value for '{match.group(1)}': {cause or text}"
+    match = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if match:
+        group, option = match.groups()
+        return f"unknown {group} preset '{option}' (choose from: {', '.join(presets(group))})"
+    return text
+
+
+def compose(overrides: Sequence[str], config_dirs: Sequence[str] = (), config_name: str = "config") -> dict:
+    """The composed config as plain nested dicts; `CliConfigError` on Hydra errors.
+
+    `config_dirs` are searched before the package's configs (`--config-dir`).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    store_defaults()
+    extra = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in config_dirs)}]"
+             ] if config_dirs else []
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
+                                   job_name="jaxrl-dist"):
+            cfg = hydra_compose(config_name, overrides=normalise(overrides) + extra)
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise CliConfigError(hydra_message(err)) from err
+
+
+def load_config(overrides: Sequence[str], config_dirs: Sequence[str] = (), config_name: str = "config"):
+    """A validated `Config` whose env id exists; `CliConfigError` otherwise."""
+    from jaxrl_dist.config import ConfigError, from_dict
+    from jaxrl_dist.envs import EnvMakeError, resolve_suite
+
+    try:
+        cfg = from_dict(compose(overrides, config_dirs, config_name), user_keys=override_keys(overrides))
+        if not cfg.run.resume:  # a resumed run checks the config saved with it
+            resolve_suite(cfg.env.id, cfg.env.suite)
+        return cfg
+    except (ConfigError, EnvMakeError) as err:
+        raise CliConfigError(" ".join(str(err).split())) from err

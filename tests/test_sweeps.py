@@ -1,0 +1,142 @@
+"""`jaxrl-dist train` as a Hydra application: multirun sweeps, the joblib and Ray
+launchers, the Optuna sweeper, Hydra's flags, and what each run leaves on disk."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+
+import pytest
+import yaml
+
+from test_cli import run_cli
+
+TINY = ["trainer=fused", "algo.total_timesteps=256", "algo.num_steps=32", "run.tensorboard=false"]
+
+
+def job_dirs(sweep) -> list:
+    return sorted((p for p in sweep.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def overrides_of(run) -> list:
+    return yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+
+
+def log_span(run) -> tuple:
+    """The first and last time stamps of a run's job log."""
+    stamps = re.findall(r"^\[([\d-]+ [\d:,]+)\]", (run / "train.log").read_text(), re.M)
+    parse = lambda s: datetime.datetime.strptime(s, "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
+    return parse(stamps[0]), parse(stamps[-1])
+
+
+def test_a_2x2_sweep_runs_every_job_and_a_bad_one_fails_alone(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli("train", "-m", *TINY, "seed=1,2", "env.num_envs=0,4", f"run.dir={sweep}")
+    assert out.returncode == 2, out.stderr
+    errors = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(errors) == 2 and all(e.startswith("error: env.num_envs must be positive") for e in errors)
+    runs = job_dirs(sweep)
+    assert len(runs) == 4 and (sweep / "multirun.yaml").is_file()
+    for run in runs:
+        given = overrides_of(run)
+        assert {o.split("=")[0] for o in given} >= {"seed", "env.num_envs"}
+        assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()
+        if "env.num_envs=0" in given:
+            assert (run / "FAILED").read_text().startswith("2 error: env.num_envs")
+            assert not (run / "summary.json").exists()
+        else:
+            summary = json.loads((run / "summary.json").read_text())
+            assert summary["run_dir"] == str(run)
+            assert "summary" in (run / "train.log").read_text()
+    seeds = {yaml.safe_load((r / "config.yaml").read_text())["seed"] for r in runs if (r / "config.yaml").exists()}
+    assert seeds == {1, 2}
+
+
+def test_joblib_runs_two_jobs_at_once(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli("train", "-m", *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                  "seed=1,2", f"hydra.sweep.dir={sweep}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    (a0, a1), (b0, b1) = (log_span(r) for r in job_dirs(sweep))
+    assert a0 < b1 and b0 < a1  # the two jobs' lifetimes overlap
+    assert all((r / "summary.json").is_file() for r in job_dirs(sweep))
+
+
+def test_optuna_sweeps_a_few_trials_on_the_final_return(tmp_path):
+    sweep = tmp_path / "optuna"
+    out = run_cli("train", "-m", *TINY, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
+                  "algo.lr=interval(1e-4,1e-2)", f"run.dir={sweep}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert 1e-4 <= result["best_params"]["algo.lr"] <= 1e-2
+    finals = [json.loads((r / "summary.json").read_text())["final_return"] for r in job_dirs(sweep)]
+    assert len(finals) == 3 and result["best_value"] == max(finals)  # maximised
+
+
+@pytest.mark.slow
+def test_the_ray_launcher_runs_jobs_on_a_loopback_runtime(tmp_path):
+    sweep = tmp_path / "ray"
+    out = run_cli("train", "-m", *TINY, "hydra/launcher=ray", "seed=1,2", f"run.dir={sweep}",
+                  "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    assert len(job_dirs(sweep)) == 2 and all((r / "summary.json").is_file() for r in job_dirs(sweep))
+    launcher = yaml.safe_load((sweep / "multirun.yaml").read_text())["hydra"]["launcher"]
+    assert launcher["ray"]["init"]["_node_ip_address"].startswith("127.")
+
+
+def test_hydra_run_dir_and_a_user_config_dir(tmp_path):
+    (tmp_path / "mine" / "env").mkdir(parents=True)
+    (tmp_path / "mine" / "env" / "acro.yaml").write_text(
+        "# @package _global_\nenv:\n  id: Acrobot-v1\n")
+    run = tmp_path / "run"
+    out = run_cli("train", "--config-dir", str(tmp_path / "mine"), "env=acro", *TINY,
+                  f"hydra.run.dir={run}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    assert json.loads((run / "summary.json").read_text())["env_id"] == "Acrobot-v1"
+    assert overrides_of(run)[0] == "env=acro"
+    # the same preset without the config dir is the usual one-line error
+    out = run_cli("train", "env=acro", f"run.dir={tmp_path / 'no'}")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        out.stderr.strip()] and "unknown env preset 'acro'" in out.stderr
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--help"], r"trainer: async, fused, sync"),
+    (["--info"], r"Hydra 1\.3"),
+    (["--cfg", "job", "trainer=fused"], r"name: fused"),
+])
+def test_hydra_flags(args, want):
+    out = run_cli("train", *args, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert re.search(want, out.stdout), out.stdout[-2000:]
+
+
+def test_help_lists_every_group_and_its_presets():
+    out = run_cli("train", "--help", timeout=60).stdout
+    for group, option in (("env", "cartpole"), ("backend", "ray"), ("scheduler", "learned"),
+                          ("cost", "aws_lambda"), ("algo", "ppo"), ("trainer", "fused")):
+        assert re.search(rf"^{group}: .*{option}", out, re.M), group
+
+
+def test_shell_completion_completes_after_train():
+    script = run_cli("-sc", "install=bash", timeout=60)
+    assert script.returncode == 0 and "complete -o nospace -o default -F hydra_bash_completion jaxrl-dist" in script.stdout
+    env = dict(os.environ, COMP_LINE="jaxrl-dist train env=ca", COMP_POINT="24")
+    from test_cli import command
+    import subprocess
+
+    out = subprocess.run(command() + ["-sc", "query=bash"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["env=cartpole"], out.stderr
+
+
+def test_a_sweep_without_multirun_is_one_line():
+    out = run_cli("train", "seed=1,2", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == "error: seed=1,2: a sweep; run it with -m (multirun)"
+
+
+def test_a_bad_key_in_a_sweep_fails_before_any_job(tmp_path):
+    out = run_cli("train", "-m", "algo.foo=1,2", f"run.dir={tmp_path / 's'}", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == "error: unknown config key 'algo.foo'"
+    assert not (tmp_path / "s").exists()
