@@ -32,6 +32,9 @@ _EXPORTS = {
     "make_update": ("core.ppo", "make_update"),
     "make_train": ("trainers.fused", "make_train"),
     "gae": ("core.ppo", "gae"),
+    "load_policy": ("evaluation", "load_policy"),
+    "evaluate": ("evaluation", "evaluate"),
+    "EvalConfig": ("config", "EvalConfig"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -57,3 +60,5 @@ if TYPE_CHECKING:  # static analysers see the real objects
     from jaxrl_dist.core.networks import make_network
     from jaxrl_dist.core.ppo import gae, make_update
     from jaxrl_dist.trainers.runner import train
+    from jaxrl_dist.evaluation import evaluate, load_policy
+    from jaxrl_dist.config import EvalConfig

@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", metavar="DIR", help="where the PNGs go (default the first RUN_DIR)")
     _scheduler_parser(sub)
     _calibrate_parser(sub)
+    _eval_parser(sub)
     return parser
 
 
@@ -109,6 +110,69 @@ def _calibrate_parser(sub) -> None:
     cal.add_argument("--learner-shards", type=int, default=8,
                      help="time the learner at 1, 2, 4, ... up to this many shards (default 8)")
     cal.add_argument("--repeats", type=int, default=3, help="timed learner calls per size (default 3)")
+
+
+_EVAL_EPILOG = """\
+keys (eval.KEY=VALUE): episodes=10 deterministic=true seed=0 seed_index=0 max_steps=100000
+
+examples:
+  jaxrl-dist eval outputs/2026-12-01/10-00-00
+  jaxrl-dist eval runs/a eval.episodes=100 eval.deterministic=false
+"""
+
+
+def _eval_parser(sub) -> None:
+    ev = sub.add_parser("eval", help="evaluate a run's latest policy (writes RUN_DIR/eval.json)",
+                        description="Load the run's latest checkpoint (jaxrl_dist.load_policy) and "
+                        "run one episode in each of eval.episodes envs side by side; writes the mean, "
+                        "std and per-episode returns and lengths to RUN_DIR/eval.json.",
+                        epilog=_EVAL_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (config.yaml, checkpoints/)")
+    ev.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE", help="eval options")
+
+
+def eval_options(overrides: Sequence[str]):
+    """The `EvalConfig` of `eval.KEY=VALUE` overrides; `CliConfigError` naming a bad key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from jaxrl_dist.config import EvalConfig
+
+    bad = [o for o in overrides if not o.startswith("eval.") or "=" not in o]
+    if bad:
+        raise CliConfigError(f"bad override '{bad[0]}': eval takes eval.KEY=VALUE")
+    try:
+        given = OmegaConf.from_dotlist([o[len("eval."):] for o in overrides])
+        merged = OmegaConf.merge(OmegaConf.structured(EvalConfig), given)
+        opts = EvalConfig(**OmegaConf.to_container(merged))
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or ""
+        raise CliConfigError(f"eval.{key}: {str(err).splitlines()[0]}") from None
+    if opts.episodes < 1 or opts.max_steps < 1:
+        raise CliConfigError("eval.episodes and eval.max_steps must be positive")
+    return opts
+
+
+def _eval(args) -> int:
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.envs import EnvMakeError
+
+    opts = eval_options(args.overrides)
+    if not (Path(args.run_dir) / "config.yaml").is_file():
+        raise CliConfigError(f"{args.run_dir}: not a run directory (no config.yaml)")
+    _prepare_jax()
+    from jaxrl_dist.evaluation import evaluate
+
+    try:
+        result = evaluate(args.run_dir, opts)
+    except (ConfigError, EnvMakeError) as err:
+        raise CliConfigError(" ".join(str(err).split())) from err
+    shown = "-" if result["mean_return"] is None else f"{result['mean_return']:.2f} +- {result['std_return']:.2f}"
+    print(f"{result['env_id']}: return {shown} over {result['episodes_ended']}/{result['episodes']} "
+          f"episodes ({'deterministic' if opts.deterministic else 'sampled'}, checkpoint "
+          f"{result['checkpoint_step']})")
+    print(f"wrote {Path(args.run_dir) / 'eval.json'}")
+    return 0
 
 
 def _scheduler_parser(sub) -> None:
@@ -245,6 +309,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "report":
             return _report(args)
         if args.command == "scheduler":

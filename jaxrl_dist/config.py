@@ -74,6 +74,17 @@ class RunConfig:
     max_rounds: Optional[int] = None  # stop after this many rounds
 
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """`jaxrl-dist eval RUN_DIR eval.KEY=VALUE`: what `evaluation.evaluate` runs."""
+
+    episodes: int = 10  # one episode per env, all side by side
+    deterministic: bool = True  # the most likely action; false samples the policy
+    seed: int = 0  # the eval envs' and (stochastic) actions' seed
+    seed_index: int = 0  # which seed of a fused multi-seed run
+    max_steps: int = 100_000  # an episode not ended by then counts as not ended
+
+
 # env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'
 DEFAULT_ALLOWED_ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
                         "Breakout-MinAtar", "Pong-v5", "Breakout-v5", "Qbert-v5",

@@ -1,0 +1,182 @@
+"""A trained policy from a run directory, and its evaluation (`jaxrl-dist eval`).
+
+`load_policy(run_dir)` reads the run's `config.yaml` and latest checkpoint and
+returns a jitted `obs -> action` callable with the run's observation
+normalisation applied. Statistics by trainer:
+
+- fused: each seed has its own params and statistics; `seed_index` picks one.
+- sync and async (gymnax slots): one set of params; each slot kept its own
+  observation statistics, and they are merged as the moments of all the
+  observations the slots saw together (count-weighted mean, and the variance
+  about that mean: Chan et al.'s parallel combination). Slots that have not run
+  yet hold only the prior (count 1e-4), so they barely move the merge.
+- sync and async on envpool: the statistics live on the workers, not in the
+  checkpoint; a run that normalised observations cannot be loaded.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_dist.config import Config, ConfigError, derive
+from jaxrl_dist.core import normalize
+from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.core.types import RunningMoments
+from jaxrl_dist.envs import make_env
+from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, load_run_config
+
+EVAL_FILE = "eval.json"
+
+
+class Policy(NamedTuple):
+    """`act(obs[N, ...], key=None) -> action[N, ...]`, and what it was built from."""
+
+    act: Any
+    config: Config
+    spec: Any
+    params: Any
+    obs_moments: Optional[RunningMoments]  # None: the run did not normalise observations
+    step: int  # the checkpoint's update (fused) or round (sync, async) counter
+
+    def __call__(self, obs, key=None):
+        return self.act(obs, key)
+
+
+def _raw_checkpoint(run_dir: Path) -> tuple:
+    """`(step, tree)`: the latest checkpoint as saved (nested dicts of arrays)."""
+    import orbax.checkpoint as ocp
+
+    root = Path(run_dir).resolve() / CHECKPOINT_SUBDIR
+    steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit()) if root.is_dir() else []
+    if not steps:
+        raise ConfigError(f"{run_dir}: no checkpoint in {root}")
+    with ocp.StandardCheckpointer() as ckptr:
+        return steps[-1], ckptr.restore(root / str(steps[-1]) / "default")
+
+
+def merge_moments(mean, var, count) -> RunningMoments:
+    """One set of moments from stacked ones (`[K, ...]` means and variances, `[K]` counts)."""
+    count = np.asarray(count, np.float64).reshape(-1)
+    mean, var = np.asarray(mean, np.float64), np.asarray(var, np.float64)
+    w = (count / count.sum()).reshape((-1,) + (1,) * (mean.ndim - 1))
+    total_mean = (w * mean).sum(0)
+    total_var = (w * (var + (mean - total_mean) ** 2)).sum(0)
+    return RunningMoments(jnp.asarray(total_mean, jnp.float32), jnp.asarray(total_var, jnp.float32),
+                          jnp.asarray(count.sum(), jnp.float32))
+
+
+def _params_and_moments(cfg: Config, tree: dict, seed_index: int) -> tuple:
+    """The params and observation moments of one policy, whatever trainer saved `tree`."""
+    params = tree["train"]["params"]
+    if cfg.trainer.name == "fused":
+        if not 0 <= seed_index < cfg.num_seeds:
+            raise ConfigError(f"seed_index: {seed_index} is not one of the run's {cfg.num_seeds} seeds")
+        params = jax.tree.map(lambda x: x[seed_index], params)
+        m = tree["actor"]["norm"]["obs"]
+        return params, RunningMoments(*(jnp.asarray(m[k][seed_index]) for k in ("mean", "var", "count")))
+    table = tree.get("table")
+    if not table:
+        return params, None  # sticky (envpool) slots: statistics stay on the workers
+    m = table["data"]["norm"]["obs"] if "data" in table else table["norm"]["obs"]
+    flat = lambda x: np.asarray(x).reshape((-1,) + np.asarray(x).shape[2:])  # noqa: E731 [M, 1, ...]
+    return params, merge_moments(flat(m["mean"]), flat(m["var"]), np.asarray(m["count"]).reshape(-1))
+
+
+def _act_fn(network, spec, moments, clip_obs: float, deterministic: bool):
+    def act(params, obs, key):
+        if moments is not None:
+            obs = normalize.normalize(moments, obs, clip_obs)
+        out = network.apply(params, obs)
+        if spec.discrete:
+            return jnp.argmax(out.logits, -1) if deterministic else jax.random.categorical(key, out.logits)
+        action = out.logits
+        if not deterministic:
+            action = action + jnp.exp(out.log_std) * jax.random.normal(key, action.shape, action.dtype)
+        return jnp.clip(action, spec.action_low, spec.action_high)
+
+    return jax.jit(act)
+
+
+def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Policy:
+    """The run's latest policy as a jitted `obs[N, ...] -> action[N, ...]` callable.
+
+    `deterministic`: the most likely action (argmax, or the Gaussian mean clipped to
+    the action bounds); else a sample (pass `key`). See the module doc for which
+    observation statistics are applied.
+    """
+    cfg = load_run_config(Path(run_dir))
+    env = make_env(cfg.env.id, 1, cfg.env.suite, cfg.seed, cfg.env.num_threads, cfg.env.kwargs)
+    spec = env.spec
+    a = cfg.algo
+    network = make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
+    step, tree = _raw_checkpoint(run_dir)
+    params, moments = _params_and_moments(cfg, tree, seed_index)
+    normalise = derive(cfg, continuous=not spec.discrete).normalize_obs
+    if normalise and moments is None:
+        raise ConfigError(f"{run_dir}: its observation statistics stayed on the envpool workers "
+                          "(trainer=sync/async); only a fused run of this env can be loaded")
+    moments = moments if normalise else None
+    fn = _act_fn(network, spec, moments, cfg.env.clip_obs, deterministic)
+    params = jax.tree.map(jnp.asarray, params)
+    act = lambda obs, key=None: fn(params, obs, jax.random.PRNGKey(0) if key is None else key)  # noqa: E731
+    return Policy(act, cfg, spec, params, moments, step)
+
+
+def _episode_step(env, policy: Policy):
+    def step(state, obs, key):
+        act_key, env_key = jax.random.split(key)
+        state, out = env.step(state, policy.act(obs, act_key), env_key)
+        return state, out.obs, out.log_reward, out.valid, out.episode_end
+
+    return jax.jit(step)
+
+
+def run_episodes(env, policy: Policy, seed: int, max_steps: int) -> tuple:
+    """One episode in each of `env.num_envs` envs side by side: `(returns, lengths)`,
+    NaN and the step count where an episode had not ended after `max_steps` steps."""
+    n = env.num_envs
+    key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
+    state, obs = env.reset(reset_key)
+    step = _episode_step(env, policy)
+    ret, length = np.zeros(n), np.zeros(n, np.int64)
+    done_ret, done_len, finished = np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool)
+    for t in range(max_steps):
+        key, sub = jax.random.split(key)
+        state, obs, reward, valid, end = step(state, obs, sub)
+        valid, end = np.asarray(valid), np.asarray(end) & ~finished
+        ret += np.where(valid, np.asarray(reward), 0.0)
+        length += valid
+        done_ret[end], done_len[end] = ret[end], length[end]
+        finished |= end
+        if finished.all():
+            break
+    done_len[~finished] = length[~finished]
+    return done_ret, done_len
+
+
+def evaluate(run_dir, opts) -> dict:
+    """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`); writes
+    and returns `RUN_DIR/eval.json`."""
+    policy = load_policy(run_dir, opts.deterministic, opts.seed_index)
+    cfg = policy.config
+    env = make_env(cfg.env.id, opts.episodes, cfg.env.suite, opts.seed, cfg.env.num_threads, cfg.env.kwargs)
+    returns, lengths = run_episodes(env, policy, opts.seed, opts.max_steps)
+    ended = ~np.isnan(returns)
+    result = {
+        "env_id": cfg.env.id, "checkpoint_step": policy.step, "episodes": int(opts.episodes),
+        "deterministic": bool(opts.deterministic), "seed": int(opts.seed),
+        "seed_index": int(opts.seed_index),
+        "mean_return": float(returns[ended].mean()) if ended.any() else None,
+        "std_return": float(returns[ended].std()) if ended.any() else None,
+        "episodes_ended": int(ended.sum()),
+        "returns": [None if math.isnan(r) else float(r) for r in returns],
+        "lengths": [int(x) for x in lengths],
+    }
+    (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result

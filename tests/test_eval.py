@@ -1,0 +1,84 @@
+"""`jaxrl-dist eval` and `jaxrl_dist.load_policy`: a saved run acts, greedily or not."""
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_dist import load_policy
+from jaxrl_dist.cli import CliConfigError, eval_options
+from jaxrl_dist.core import normalize
+from jaxrl_dist.evaluation import merge_moments
+from test_cli import run_cli
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """CartPole trained by the fused trainer on its defaults (5e5 steps)."""
+    run = tmp_path_factory.mktemp("eval") / "cartpole"
+    out = run_cli("train", "trainer=fused", f"run.dir={run}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    return run
+
+
+def test_a_trained_cartpole_evaluates_to_475_greedily_and_deterministically(solved):
+    results = []
+    for _ in range(2):
+        out = run_cli("eval", str(solved), "eval.episodes=16", timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert "return" in out.stdout and "eval.json" in out.stdout
+        results.append(json.loads((solved / "eval.json").read_text()))
+    first, again = results
+    assert first == again  # deterministic: same returns, episode for episode
+    assert first["mean_return"] >= 475 and first["episodes_ended"] == 16
+    assert len(first["returns"]) == len(first["lengths"]) == 16
+    assert first["checkpoint_step"] == json.loads((solved / "summary.json").read_text())["num_updates"]
+
+
+def test_load_policy_acts_on_a_batch_of_observations(solved):
+    policy = load_policy(solved)
+    actions = policy(jnp.zeros((5, 4)))
+    assert actions.shape == (5,) and set(np.asarray(actions).tolist()) <= {0, 1}
+    assert policy.obs_moments is None  # CartPole's run did not normalise observations
+
+
+def test_a_round_trainer_run_loads_with_its_slots_statistics_merged(tmp_path):
+    run = tmp_path / "pendulum"
+    out = run_cli("train", "trainer=sync", "env=pendulum", "scheduler=fixed", "scheduler.num_shards=2",
+                  "backend.max_shards=3", "algo.total_timesteps=4096", "algo.num_steps=32",
+                  f"run.dir={run}", "run.progress=false", "run.tensorboard=false")
+    assert out.returncode == 0, out.stderr
+    policy = load_policy(run)
+    assert policy.obs_moments is not None and policy.obs_moments.mean.shape == (3,)
+    # two slots ran and the third did not: the merge counts the observations the two saw
+    assert 4096 * 0.9 < float(policy.obs_moments.count) < 4096 * 1.1 + 1
+    action = policy(jnp.zeros((2, 3)))
+    assert action.shape == (2, 1) and np.all(np.abs(np.asarray(action)) <= 2.0)
+
+
+def test_merged_moments_are_the_moments_of_all_the_data():
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(i, 1 + i, size=(n, 3)).astype(np.float32) for i, n in enumerate((50, 200, 7))]
+    stacked = [normalize.update_moments(normalize.init_moments((3,)), jnp.asarray(x)) for x in parts]
+    merged = merge_moments(np.stack([m.mean for m in stacked]), np.stack([m.var for m in stacked]),
+                           np.stack([m.count for m in stacked]))
+    every = np.concatenate(parts)
+    np.testing.assert_allclose(merged.mean, every.mean(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(merged.var, every.var(0), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("eval.episodez=3", "eval.episodez"), ("eval.episodes=x", "eval.episodes"),
+    ("episodes=3", "eval.KEY=VALUE"), ("eval.episodes=0", "eval.episodes"),
+])
+def test_bad_eval_options_name_the_key(override, key):
+    with pytest.raises(CliConfigError, match=key):
+        eval_options([override])
+
+
+def test_eval_of_a_directory_that_is_no_run_is_one_line(tmp_path):
+    out = run_cli("eval", str(tmp_path), timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: {tmp_path}: not a run directory (no config.yaml)"]
