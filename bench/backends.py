@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -150,9 +151,10 @@ def learning_runs(opts, urls) -> list:
                     "backend.envs_per_shard=4", f"algo.total_timesteps={LEARN_STEPS}",
                     f"run.dir={tmp}", "run.progress=false", f"seed={opts.seed}"]
             if backend == "http":
-                args += [f"backend.urls=[{','.join(urls)}]", f"backend.token={TOKEN}"]
+                args += [f"backend.urls=[{','.join(urls)}]"]
             t0, start = time.perf_counter(), time.time()
-            out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+            env = dict(os.environ, JAXRL_DIST_TOKEN=TOKEN)  # the CLI takes no token as an override
+            out = subprocess.run(args, capture_output=True, text=True, timeout=1800, env=env)
             wall = time.perf_counter() - t0
             if out.returncode:
                 raise RuntimeError(f"{backend}: {out.stderr[-2000:]}")

@@ -28,6 +28,7 @@ from jaxrl_dist.overrides import (CliConfigError, compose, load_config, normalis
 
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C
 LOG = logging.getLogger("jaxrl_dist.train")
 # Ray rewrites 127.0.0.1 to the host's interface address; this stays on loopback
 RAY_LOOPBACK_IP = "127.0.0.2"
@@ -85,6 +86,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.envs import EnvMakeError
     from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
+    from jaxrl_dist.trainers.interrupt import Interrupted
 
     try:
         config = _config_of(cfg, overrides, multirun)
@@ -98,6 +100,10 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise JobFailed(f"error: {' '.join(str(err).split())}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk
         raise JobFailed(f"error: {' '.join(str(err).split())}", EXIT_BACKEND_ERROR) from None
+    except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
+        LOG.info("%s", err)
+        print(err, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     return _objective(summary, config.run.objective)
 
@@ -160,6 +166,10 @@ def _check(overrides: Sequence[str], args) -> None:
 
     dirs, name = [args.config_dir] if args.config_dir else [], args.config_name or "config"
     ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    if "backend.token" in override_keys(ours):
+        raise CliConfigError("backend.token: a token is not taken on the command line (it would be "
+                             "saved in .hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or "
+                             "backend.token_file=PATH")
     store_defaults()
     try:
         parsed = OverridesParser.create().parse_overrides(ours)

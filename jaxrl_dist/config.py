@@ -107,7 +107,10 @@ class BackendConfig:
     address: Optional[str] = None  # ray: cluster address ("auto", "ray://h:p"); null starts one
     num_cpus: float = 1.0  # ray: CPUs reserved per actor
     urls: tuple = ()  # http: function endpoints
-    token: Optional[str] = None  # http: bearer token; null reads $JAXRL_DIST_TOKEN
+    # http: bearer token, for library callers (the CLI refuses it, and config.yaml never
+    # holds it); null reads `token_file`, else $JAXRL_DIST_TOKEN
+    token: Optional[str] = None
+    token_file: Optional[str] = None  # http: a file whose contents are the bearer token
     compression: str = "deflate"  # http: deflate | none
     # injected stragglers (benchmarks): one shard in `slow_every` runs `slowdown` times slower
     # (see `rounds.straggle`)

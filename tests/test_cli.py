@@ -18,7 +18,8 @@ from jaxrl_dist.config import Config, from_dict
 SUMMARY_KEYS = {
     "env_id", "final_return", "returns_per_seed", "env_steps", "wall_seconds",
     "compile_seconds", "train_seconds", "sps", "params_sha256", "peak_rss_mb",
-    "num_seeds", "num_updates",
+    "num_seeds", "num_updates", "trainer", "jaxrl_dist_version", "commit", "jax_version",
+    "jaxlib_version", "platform", "device_kind", "device_count",
 }
 # compiled chunks survive between test sessions; the key covers jax version and program
 CACHE_HOME = Path(tempfile.gettempdir()) / "jaxrl-dist-test-cache"
@@ -54,6 +55,13 @@ def test_train_writes_complete_run_dir(tmp_path):
     assert len(summary["returns_per_seed"]) == 2 and len(summary["params_sha256"]) == 64
     assert summary["compile_seconds"] > 0 and summary["peak_rss_mb"] > 0
     assert summary["wall_seconds"] >= summary["compile_seconds"] + summary["train_seconds"]
+    import jax
+
+    assert summary["jax_version"] == jax.__version__ and summary["platform"] == "cpu"
+    assert summary["device_count"] >= 1 and summary["trainer"] == "fused"
+    # the table: labels with units, a short digest
+    assert "env steps/s (training)" in out.stdout and summary["params_sha256"][:12] in out.stdout
+    assert summary["params_sha256"] not in out.stdout
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in records] == list(range(1, 21))
@@ -150,5 +158,6 @@ def test_default_train_solves_cartpole(tmp_path):
     assert summary["final_return"] >= 475, summary
     assert (summary["backend"], summary["scheduler"], summary["cost_preset"]) == ("local", "learned", "azure_aci")
     assert summary["cost_usd"] > 0 and summary["modeled_seconds"] > 0 and summary["time_to_target_s"] > 0
-    for label in ("final return", "measured wall time (s)", "modeled cloud time (s)", "dollars (cost preset)"):
+    for label in ("final return", "wall time (s)", "modeled cloud time (s)", "dollars (cost preset)",
+                  "measured time to target (s)"):
         assert label in out.stdout

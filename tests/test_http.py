@@ -7,6 +7,7 @@ failure handling.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -226,14 +227,15 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
 
     port = free_port()
     live = Server(port=port)
-    overrides = [f"backend.urls=[{live.url}]", f"backend.token={TOKEN}", "backend.max_retries=1",
+    overrides = [f"backend.urls=[{live.url}]", "backend.max_retries=1",
                  "backend.envs_per_shard=4", "backend.max_shards=4", "scheduler=fixed",
                  "scheduler.num_shards=2", "algo.num_steps=16", "algo.minibatch_size=null", "algo.num_minibatches=2", "algo.update_epochs=2",
                  "algo.total_timesteps=12800", "run.checkpoint_every=2",
                  "run.progress=false", "run.tensorboard=false"]
     run_dir = tmp_path / "http"
+    env = dict(os.environ, JAXRL_DIST_TOKEN=TOKEN)  # the CLI takes no token as an override
     proc = subprocess.Popen(command() + ["train", "backend=http", f"run.dir={run_dir}"] + overrides,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
@@ -249,7 +251,7 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     live = Server(port=port)
     try:
         out = subprocess.run(command() + ["train", f"run.resume={run_dir}", "run.progress=false"],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300, env=env)
     finally:
         live.stop()
     assert out.returncode == 0, out.stderr
@@ -339,3 +341,25 @@ async def _pending():
     import asyncio
 
     return len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
+
+
+def test_a_token_comes_from_a_file_or_the_environment_and_is_never_saved(tmp_path):
+    """`backend.token_file` (or $JAXRL_DIST_TOKEN) feeds the bearer header; a token the
+    library was given does not reach config.yaml; the CLI refuses one as an override."""
+    from jaxrl_dist.backends.http import bearer_token
+    from jaxrl_dist.trainers.checkpoint import save_run_config
+    from jaxrl_dist.config import to_dict
+    from test_cli import run_cli
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    cfg = from_dict({"backend": {"name": "http", "urls": ["http://127.0.0.1:1"],
+                                 "token_file": str(tmp_path / "token")}})
+    assert bearer_token(cfg.backend) == TOKEN
+    given = from_dict({"backend": {"name": "http", "urls": ["http://127.0.0.1:1"], "token": TOKEN}})
+    save_run_config(tmp_path, to_dict(given))
+    assert TOKEN not in (tmp_path / "config.yaml").read_text()
+    out = run_cli("train", "backend=http", f"backend.token={TOKEN}", timeout=60)
+    assert out.returncode == 2 and TOKEN not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: backend.token: a token is not taken on the command line (it would be saved in "
+        ".hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH"]

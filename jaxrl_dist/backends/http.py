@@ -16,6 +16,8 @@ import asyncio
 import os
 import threading
 import time
+from pathlib import Path
+from typing import Optional
 
 from jaxrl_dist.backends import BackendError, RoundStats, Job, RoundResult, ShardInfo, bucket, stack_outputs
 from jaxrl_dist.backends import wire
@@ -23,6 +25,18 @@ from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 FINAL_CODES = (400, 401, 413, 422)  # the request itself is wrong: another try cannot help
+
+
+def bearer_token(cfg) -> Optional[str]:
+    """`backend.token`, else the contents of `backend.token_file`, else $JAXRL_DIST_TOKEN."""
+    if cfg.token is not None:
+        return cfg.token
+    if cfg.token_file:
+        path = Path(cfg.token_file).expanduser()
+        if not path.is_file():
+            raise BackendError(f"backend.token_file: no such file {cfg.token_file}")
+        return path.read_text().strip()
+    return os.environ.get(TOKEN_ENV)
 
 
 class HttpBackend:
@@ -34,7 +48,7 @@ class HttpBackend:
         self.urls = [u.rstrip("/") + "/v1/rollout" for u in cfg.urls]
         if not self.urls:
             raise BackendError("backend.urls: the http backend needs at least one endpoint")
-        token = cfg.token if cfg.token is not None else os.environ.get(TOKEN_ENV)
+        token = bearer_token(cfg)
         self.headers = {"content-type": "application/msgpack"}
         if token:
             self.headers["authorization"] = f"Bearer {token}"

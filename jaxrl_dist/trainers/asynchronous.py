@@ -66,6 +66,7 @@ from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, capabil
 from jaxrl_dist.config import Config
 from jaxrl_dist.backends.shard import learn_key
 from jaxrl_dist.scheduling.cost import AsyncAccount
+from jaxrl_dist.trainers import interrupt
 from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
 from jaxrl_dist.scheduling.records import Cost, Record, steps_done
 from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, fresh_clock, init_table, init_train,
@@ -438,6 +439,8 @@ class AsyncTrainer:
         if self._books_error is not None:
             raise self._books_error
         self._save_async(train, version)
+        if self.stop_reason == "interrupted":
+            raise interrupt.Interrupted(self.cfg.run.dir, version)
         return records
 
     def _setup_run(self, t_start: Optional[float]) -> None:
@@ -503,7 +506,8 @@ class AsyncTrainer:
     def _stop(self, version: int, env_steps: int) -> Optional[str]:
         """Why the learner stops before update `version + 1` (None: go on): the step
         or update budget here, the target or dollar budget as bookkeeping found them."""
-        self.stop_reason = self._late_stop or limit_reason(self.cfg, version, env_steps)
+        self.stop_reason = (self._late_stop or limit_reason(self.cfg, version, env_steps)
+                            or ("interrupted" if interrupt.requested() else None))
         return self.stop_reason
 
     def _finished(self, metrics, dispatched: float) -> tuple:

@@ -105,6 +105,10 @@ def load_run_config(run_dir: Path) -> Config:
 
 
 def save_run_config(run_dir: Path, data: dict) -> None:
+    """Write `config.yaml`, without secrets: a resumed run reads its token again from
+    `backend.token_file` or the environment."""
     import yaml
 
+    if data.get("backend", {}).get("token") is not None:
+        data = {**data, "backend": {**data["backend"], "token": None}}
     (Path(run_dir) / CONFIG_FILE).write_text(yaml.safe_dump(data, sort_keys=False))

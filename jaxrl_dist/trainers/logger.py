@@ -204,27 +204,40 @@ def _make_progress(total_steps: int, done_steps: int):
 
 
 # A round-trainer run's headline: return, both clocks, dollars (the rest is in summary.json)
-HEADLINE = (("final_return", "final return"), ("rounds", "rounds"), ("env_steps", "env steps"),
-            ("wall_seconds", "measured wall time (s)"), ("modeled_seconds", "modeled cloud time (s)"),
-            ("cost_usd", "dollars (cost preset)"), ("cost_preset", "cost preset"),
-            ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
-            ("wall_to_target_s", "measured time to target (s)"), ("cost_to_target_usd", "dollars to target"),
-            ("run_dir", "run directory"))
+# (summary key, label with its unit): every trainer's summary table shows the rows its
+# summary has, in this order; summary.json holds everything
+SUMMARY_ROWS = (
+    ("trainer", "trainer"), ("env_id", "env"), ("final_return", "final return"),
+    ("total_env_steps", "env steps"), ("num_updates", "updates"), ("rounds", "rounds"),
+    ("num_seeds", "seeds"), ("wall_seconds", "wall time (s)"), ("compile_seconds", "compile (s)"),
+    ("train_seconds", "training (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),
+    ("sps", "env steps/s (training)"), ("modeled_seconds", "modeled cloud time (s)"),
+    ("cost_usd", "dollars (cost preset)"), ("cost_preset", "cost preset"),
+    ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
+    ("wall_to_target_s", "measured time to target (s)"), ("cost_to_target_usd", "dollars to target"),
+    ("params_sha256", "params sha256"), ("peak_rss_mb", "peak memory (MB)"),
+    ("resumed_at_update", "resumed at"), ("run_dir", "run directory"))
+DIGEST_SHOWN = 12  # hex digits of params_sha256 in the table
+
+
+def _cell(key: str, value) -> str:
+    if value is None:
+        return "-"
+    if key == "params_sha256":
+        return value[:DIGEST_SHOWN]
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e3 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
 
 
 def summary_table(summary: dict):
-    """A rich table of the summary's scalar entries; a round-trainer run's headline only."""
+    """The same rich table for every trainer: labelled rows with units, a short digest."""
     from rich.table import Table
 
-    headline = "cost_usd" in summary  # a round-trainer run
-    table = Table(title="run summary" + (" (all of it in summary.json)" if headline else ""),
-                  show_header=False)
-    if headline:
-        summary = {label: summary.get(key) for key, label in HEADLINE}
-    for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-        elif isinstance(value, list):
-            value = ", ".join("-" if v is None else f"{v:.4g}" for v in value)
-        table.add_row(key, "-" if value is None else str(value))
+    table = Table(title="run summary (all of it in summary.json)", show_header=False)
+    for key, label in SUMMARY_ROWS:
+        if key in summary:
+            table.add_row(label, _cell(key, summary[key]))
     return table

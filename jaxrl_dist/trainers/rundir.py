@@ -63,6 +63,42 @@ def params_digest(params) -> str:
     return hashlib.sha256(serialization.to_bytes(host)).hexdigest()
 
 
+def _commit() -> Optional[str]:
+    """The git commit of the package's source tree when it runs from its own checkout
+    (not from an installed copy that happens to sit inside some other repository)."""
+    import subprocess
+
+    package = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != package.parent:
+        return None
+    return lines[1]
+
+
+def run_metadata() -> dict:
+    """What produced a run: package version and commit, jax and jaxlib, the platform
+    and its devices (every summary.json carries these)."""
+    import platform
+    from importlib import metadata
+
+    import jaxlib
+
+    try:
+        version = metadata.version("jaxrl-dist")
+    except metadata.PackageNotFoundError:  # a source tree that is not installed
+        version = None
+    devices = jax.devices()
+    return {"jaxrl_dist_version": version, "commit": _commit(), "jax_version": jax.__version__,
+            "jaxlib_version": jaxlib.__version__, "python_version": platform.python_version(),
+            "platform": jax.default_backend(), "device_kind": devices[0].device_kind,
+            "device_count": len(devices), "host": platform.platform()}
+
+
 def peak_rss_mb() -> float:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux

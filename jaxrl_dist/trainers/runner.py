@@ -21,17 +21,18 @@ import functools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax
 
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.trainers import checkpoint, fused
+from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.asynchronous import train_async
 from jaxrl_dist.trainers.logger import MetricsLogger, chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, SUMMARY_FILE, compile_cache_dir, default_run_dir,
                                         enable_compile_cache, params_digest, peak_rss_mb, prepare_run,
-                                        print_summary)
+                                        print_summary, run_metadata)
 from jaxrl_dist.trainers.sync import train_rounds
 
 
@@ -105,6 +106,11 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
         records.extend(chunk)
 
     for c in range(start // K, derived.num_updates // K):
+        if interrupt.requested():  # Ctrl-C: save what is done and stop
+            if pending is not None:
+                drain(pending)
+            ckpt.save(runner)
+            raise interrupt.Interrupted(cfg.run.dir, c * K)
         runner, metrics = compiled(runner)
         if pending is not None:
             drain(pending)
@@ -124,6 +130,7 @@ def _summary(cfg, setup, runner, records, times: dict, start: int) -> dict:
     final, per_seed = final_returns(records, d.num_updates)
     done = (d.num_updates - start) * d.batch_size * cfg.num_seeds
     return {
+        "trainer": "fused",
         "env_id": cfg.env.id,
         "final_return": final,
         "returns_per_seed": per_seed,
@@ -139,7 +146,8 @@ def _summary(cfg, setup, runner, records, times: dict, start: int) -> dict:
         "params_sha256": params_digest(runner.train.params),
         "peak_rss_mb": peak_rss_mb(),
         "resumed_at_update": start if cfg.run.resume else None,
-        "run_dir": str(cfg.run.dir),
+        "run_dir": str(Path(cfg.run.dir).resolve()),
+        **run_metadata(),
     }
 
 
@@ -153,10 +161,15 @@ def train(cfg: Config, run_dir=None) -> dict:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
-    if cfg.trainer.name == "async":
-        return train_async(cfg, run_dir, resuming, t_start)
-    if cfg.trainer.name == "sync":
-        return train_rounds(cfg, run_dir, resuming, t_start)
+    with interrupt.stop_on_sigint():  # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
+        if cfg.trainer.name == "async":
+            return train_async(cfg, run_dir, resuming, t_start)
+        if cfg.trainer.name == "sync":
+            return train_rounds(cfg, run_dir, resuming, t_start)
+        return _train_fused(cfg, run_dir, resuming, t_start)
+
+
+def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)
     setup = fused.make_setup(cfg, env.spec)

@@ -28,12 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.trainers import checkpoint
+from jaxrl_dist.trainers import checkpoint, interrupt
 from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
-from jaxrl_dist.trainers.rundir import METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary
+from jaxrl_dist.trainers.rundir import (METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary,
+                                        run_metadata)
 from jaxrl_dist.trainers.logger import loss_keys, MetricsLogger, final_returns, nan_to_none, truncate_records
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
@@ -304,6 +305,9 @@ class RoundTrainer:
                 records.append(rec)
                 if cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0:
                     self._save(train, table, r)
+                if interrupt.requested():  # Ctrl-C: save what is done and stop
+                    self._save(train, table, r)
+                    raise interrupt.Interrupted(cfg.run.dir, r, "round")
         finally:
             self.backend.close()
         self._save(train, table, r)
@@ -404,7 +408,8 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
         "params_sha256": params_digest(trainer.state.train.params),
         "peak_rss_mb": peak_rss_mb(),
         "resumed_at_update": start if cfg.run.resume else None,
-        "run_dir": str(cfg.run.dir),
+        "run_dir": str(Path(cfg.run.dir).resolve()),
+        **run_metadata(),
     }
     summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
     summary.update(trainer.summary())
