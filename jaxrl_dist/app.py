@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from hydra.experimental.callback import Callback
 
 from jaxrl_dist.overrides import (CliConfigError, compose, load_config, normalise, override_keys,
-                                  store_defaults)
+                                  store_defaults, task_preset)
 
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
@@ -260,7 +260,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if not any(getattr(args, f) for f in _INFO_FLAGS):
             _check(users, args)
-        overrides = normalise(users)
+        overrides = normalise(task_preset(users))
     except CliConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

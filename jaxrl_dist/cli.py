@@ -71,11 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
     serve.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="serve.* overrides, e.g. serve.max_body_mb=16")
-    report = sub.add_parser("report", help="plot runs (PNG) and print a line per run",
+    report = sub.add_parser("report", help="plot runs and sweeps (PNG, markdown)",
                             description="Plot one or more run directories on shared figures: return "
                             "against env steps, modeled and wall time; shards, dollars and the time "
-                            "breakdown per round. Figures whose keys a run lacks are skipped.")
-    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+                            "breakdown per round. Figures whose keys a run lacks are skipped. A sweep "
+                            "directory (jaxrl-dist train -m) is reported on its own: jobs grouped by "
+                            "their overrides, seeds aggregated (mean curves with 95%% bootstrap bands, "
+                            "IQM of the final return and performance profiles with rliable, sweep.md).")
+    report.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run or sweep directories")
     report.add_argument("--out", metavar="DIR", help="where the PNGs go (default the first RUN_DIR)")
     _scheduler_parser(sub)
     _calibrate_parser(sub)
@@ -234,13 +237,24 @@ def _serve(args) -> int:
 
 
 def _report(args) -> int:
+    """Run directories on shared figures; each sweep directory (`train -m`) on its own,
+    its jobs grouped by overrides and seeds aggregated."""
     from jaxrl_dist.report import ReportError, report
+    from jaxrl_dist.sweep_report import is_sweep, sweep_report
 
+    sweeps = [p for p in args.runs if is_sweep(p)]
+    runs = [p for p in args.runs if p not in sweeps]
+    out = []
     try:
-        lines, written, notes = report(args.runs, args.out)
+        for path in sweeps:
+            lines, written, notes = sweep_report(path, args.out)
+            out += [f"sweep {path}:", *lines] + [f"wrote {p}" for p in written] + notes
+        if runs:
+            lines, written, notes = report(runs, args.out)
+            out += lines + [f"wrote {p}" for p in written] + notes
     except ReportError as err:
         raise CliConfigError(str(err)) from err
-    print("\n".join(lines + [f"wrote {p}" for p in written] + notes))
+    print("\n".join(out))
     return 0
 
 

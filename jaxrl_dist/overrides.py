@@ -38,6 +38,41 @@ def normalise(overrides: Sequence[str]) -> list:
             for o in overrides]
 
 
+def env_presets() -> dict:
+    """`{env.id: preset name}` of the packaged env presets (the `auto_*` ones name no id)."""
+    import yaml
+
+    out = {}
+    for path in sorted((CONFIG_DIR / "env").glob("*.yaml")):
+        env_id = ((yaml.safe_load(path.read_text()) or {}).get("env") or {}).get("id")
+        if env_id:
+            out.setdefault(env_id, path.stem)
+    return out
+
+
+def task_preset(overrides: Sequence[str]) -> list:
+    """`overrides` with the env preset that fits an `env.id=X` given without `env=`: the
+    packaged preset of X, else `env=auto_<family>` by X's spaces and suite
+    (`envs.task_family`), so X never inherits CartPole's target return or return range.
+    Unchanged for a sweep of ids or an unknown id (the config check names it)."""
+    keys = override_keys(overrides)
+    if "env" in keys or "env.id" not in keys:
+        return list(overrides)
+    given = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
+    env_id, suite = given["env.id"].strip("'\""), given.get("env.suite", "auto")
+    if any(c in env_id for c in ",()[]"):
+        return list(overrides)
+    preset = env_presets().get(env_id)
+    if preset is None:
+        from jaxrl_dist.envs import EnvMakeError, make_env, task_family
+
+        try:
+            preset = f"auto_{task_family(make_env(env_id, 1, suite).spec)}"
+        except EnvMakeError:
+            return list(overrides)
+    return [f"env={preset}", *overrides]
+
+
 def override_keys(overrides: Sequence[str]) -> list:
     """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
     return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
@@ -90,7 +125,7 @@ def compose(overrides: Sequence[str], config_dirs: Sequence[str] = (), config_na
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3",
                                    job_name="jaxrl-dist"):
-            cfg = hydra_compose(config_name, overrides=normalise(overrides) + extra)
+            cfg = hydra_compose(config_name, overrides=normalise(task_preset(overrides)) + extra)
         return OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise CliConfigError(hydra_message(err)) from err

@@ -94,9 +94,34 @@ def load_run(path) -> Run:
         records = read_metrics(path / METRICS_FILE)
     except (OSError, UnicodeDecodeError) as err:
         raise ReportError(f"cannot read {path / METRICS_FILE}: {err}") from err
-    return Run(path, records,
-               _read_optional(path / SUMMARY_FILE, json.loads),
-               _read_optional(path / CONFIG_FILE, yaml.safe_load))
+    summary = _read_optional(path / SUMMARY_FILE, json.loads)
+    config = _read_optional(path / CONFIG_FILE, yaml.safe_load)
+    return Run(path, with_wall_clock(records, summary, config), summary, config)
+
+
+def with_wall_clock(records: list, summary: Optional[dict], config: Optional[dict]) -> list:
+    """Records with `cum_wall_s`: a fused run's records have none (no rounds), so it is
+    the compile time plus each update's share of its chunk's measured time (its env
+    steps over the chunk's `sps`, which counts every seed's steps)."""
+    if not records or _has(records, "cum_wall_s") or _has(records, "round_s") or not _has(records, "sps"):
+        return records
+    seeds = int((config or {}).get("num_seeds") or (summary or {}).get("num_seeds") or 1)
+    clock = _num((summary or {}).get("compile_seconds"))
+    steps = [_num(r.get("env_steps")) for r in records[:2]]
+    first = steps[1] - steps[0] if len(steps) == 2 else steps[0]  # a resumed run starts late
+    clock, prev, out = clock if math.isfinite(clock) else 0.0, steps[0] - first, []
+    for rec in records:
+        steps, sps = _num(rec.get("env_steps")), _num(rec.get("sps"))
+        if math.isfinite(steps) and math.isfinite(sps) and sps > 0:
+            clock += (steps - prev) * seeds / sps
+            prev = steps
+        out.append({**rec, "cum_wall_s": clock})
+    return out
+
+
+def wall_clock(run: "Run") -> Optional[list]:
+    """Seconds since the run started, per record (None if the records cannot say)."""
+    return cumulative(run.records, "cum_wall_s", "round_s")
 
 
 def run_label(run: Run) -> str:

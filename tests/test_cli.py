@@ -161,3 +161,24 @@ def test_default_train_solves_cartpole(tmp_path):
     for label in ("final return", "wall time (s)", "modeled cloud time (s)", "dollars (cost preset)",
                   "measured time to target (s)"):
         assert label in out.stdout
+
+
+@pytest.mark.parametrize("env_id, preset, target", [
+    ("CartPole-v1", "cartpole", 475.0), ("Acrobot-v1", "acrobot", -100.0),
+    ("MountainCar-v0", "auto_discrete", None), ("MountainCarContinuous-v0", "auto_continuous", None),
+    ("Asterix-MinAtar", "auto_grid", None), ("Walker2d-v3", "auto_mujoco", None),
+    ("Breakout-v5", "auto_image", None),
+])
+def test_an_env_id_gets_the_defaults_that_fit_it(env_id, preset, target):
+    """`env.id=X` alone takes X's own preset, else the defaults of its kind of task (by its
+    spaces and suite), never CartPole's target return."""
+    from jaxrl_dist.overrides import task_preset
+
+    assert task_preset([f"env.id={env_id}"])[0] == f"env={preset}"
+    cfg = from_dict(cli.compose([f"env.id={env_id}"]))
+    assert cfg.env.id == env_id and cfg.run.target_return == target
+    if preset.startswith("auto_"):
+        assert cfg.scheduler.min_return is None and cfg.scheduler.max_return is None
+    # an explicit preset, or a sweep of ids, is left as the user wrote it
+    assert task_preset(["env=pong", f"env.id={env_id}"]) == ["env=pong", f"env.id={env_id}"]
+    assert task_preset([f"env.id={env_id},CartPole-v1"]) == [f"env.id={env_id},CartPole-v1"]

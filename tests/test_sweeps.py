@@ -140,3 +140,35 @@ def test_a_bad_key_in_a_sweep_fails_before_any_job(tmp_path):
     out = run_cli("train", "-m", "algo.foo=1,2", f"run.dir={tmp_path / 's'}", timeout=60)
     assert out.returncode == 2 and out.stderr.strip() == "error: unknown config key 'algo.foo'"
     assert not (tmp_path / "s").exists()
+
+
+def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(tmp_path):
+    """`jaxrl-dist report MULTIRUN_DIR`: two learning rates x two seeds give two groups of
+    two seeds each: mean curves with bands, the IQM of the final returns and performance
+    profiles (rliable), and a markdown table; fused runs are on the wall-time figure."""
+    sweep = tmp_path / "sweep"
+    out = run_cli("train", "-m", *TINY, "algo.total_timesteps=1024", "algo.lr=1e-3,3e-4", "seed=1,2",
+                  f"run.dir={sweep}", "run.progress=false")
+    assert out.returncode == 0, out.stderr
+    out = run_cli("report", str(sweep), timeout=180)
+    assert out.returncode == 0, out.stderr
+    for name in ("sweep_return_vs_steps.png", "sweep_return_vs_wall_time.png", "sweep_final_iqm.png",
+                 "sweep_performance_profile.png", "sweep.md"):
+        assert (sweep / name).stat().st_size > 0, name
+    rows = [line for line in (sweep / "sweep.md").read_text().splitlines()[2:] if line.strip()]
+    assert len(rows) == 2 and all("| CartPole-v1 | 2 |" in row for row in rows)
+    # named by what differs between the groups (Hydra writes the values it parsed)
+    assert {row.split("|")[1].strip() for row in rows} == {"algo.lr=0.001", "algo.lr=0.0003"}
+    assert all(re.search(r"\| -?[\d.]+ \[-?[\d.]+, -?[\d.]+\] \|", row) for row in rows)  # IQM [CI]
+
+
+def test_a_fused_run_has_a_wall_clock_for_the_report(tmp_path):
+    from jaxrl_dist.report import load_run, wall_clock
+
+    run = tmp_path / "run"
+    assert run_cli("train", *TINY, f"run.dir={run}", "run.progress=false").returncode == 0
+    loaded = load_run(run)
+    clock = wall_clock(loaded)
+    summary = json.loads((run / "summary.json").read_text())
+    assert clock[0] >= summary["compile_seconds"] and all(b > a for a, b in zip(clock, clock[1:]))
+    assert clock[-1] <= summary["compile_seconds"] + summary["train_seconds"] + 1e-6

@@ -61,3 +61,22 @@ def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
         return _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
     except TypeError as err:  # an env.kwargs entry the maker does not take
         raise EnvMakeError(f"env.kwargs not accepted by {suite} {env_id!r}: {err}") from err
+
+
+def task_family(spec) -> str:
+    """What kind of task an env is, from its spaces and suite; `configs/env/auto_<family>`
+    holds the defaults for an `env.id` that has no preset of its own.
+
+    image: stacked frames for the CNN (envpool Atari); grid: small image-like
+    observations for the MLP (MinAtar); mujoco: continuous actions on envpool;
+    continuous: continuous actions elsewhere (gymnax); discrete: the rest.
+    """
+    from jaxrl_dist.core.networks import is_frame_stack
+
+    if is_frame_stack(spec.obs_shape):
+        return "image"
+    if len(spec.obs_shape) > 1:
+        return "grid"
+    if not spec.discrete:
+        return "mujoco" if spec.suite == "envpool" else "continuous"
+    return "discrete"

@@ -1,0 +1,250 @@
+"""`jaxrl-dist report MULTIRUN_DIR`: a sweep's jobs grouped by their overrides, seeds
+aggregated.
+
+A sweep directory is what `jaxrl-dist train -m` writes (`multirun.yaml` and one run
+directory per job). Jobs whose overrides differ only in `seed` (and `run.*`/`hydra.*`
+keys) form a group. Per env id (figure titles name it), with `rliable` for the
+final scores:
+
+- `sweep_return_vs_steps[_ENV].png`, `sweep_return_vs_wall_time[_ENV].png`: each
+  group's mean return over seeds on a common grid, with a 95% percentile-bootstrap
+  band over seeds; groups get their own marker and line style, so identical curves
+  stay visible;
+- `sweep_final_iqm[_ENV].png`: each group's IQM (interquartile mean) of the final
+  return over seeds, with a 95% stratified-bootstrap interval;
+- `sweep_performance_profile[_ENV].png`: the share of a group's runs whose final
+  return exceeds each threshold, with 95% intervals;
+- `sweep.md`: a markdown table (group, env, seeds, mean and IQM of the final return
+  with its interval, mean wall seconds).
+
+`rliable` needs `pandas<3` (the `report` extra pins it).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxrl_dist.report import ReportError, Run, _figure, _save, load_run, wall_clock
+
+BOOTSTRAP_REPS = 2000
+GRID_POINTS = 100
+CI = 95
+MARKERS = "os^Dv<>pP*X"
+STYLES = ("-", "--", "-.", ":")
+_IGNORED = ("seed", "run.", "hydra.", "+hydra.")
+
+
+class Group(NamedTuple):
+    label: str  # the overrides the group's jobs share, seed left out
+    env_id: str
+    runs: list  # `report.Run`, one a seed
+
+
+def is_sweep(path) -> bool:
+    return (Path(path) / "multirun.yaml").is_file()
+
+
+def _job_overrides(run_dir: Path) -> list:
+    import yaml
+
+    path = run_dir / ".hydra" / "overrides.yaml"
+    given = yaml.safe_load(path.read_text()) if path.is_file() else []
+    return [o for o in given or [] if not o.lstrip("+~").startswith(_IGNORED)]
+
+
+def load_sweep(path) -> list:
+    """The sweep's finished jobs as `Group`s (a failed job, with no records, is left out);
+    a group is named by the overrides in which its jobs differ from the others."""
+    path = Path(path)
+    jobs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    loaded = []
+    for job in jobs:
+        try:
+            loaded.append((load_run(job), frozenset(_job_overrides(job))))
+        except ReportError:
+            continue
+    if not loaded:
+        raise ReportError(f"{path}: a sweep directory with no finished job")
+    common = frozenset.intersection(*(given for _, given in loaded))
+    groups: dict = {}
+    for run, given in loaded:
+        env_id = (run.summary or {}).get("env_id") or ((run.config or {}).get("env") or {}).get("id", "?")
+        label = " ".join(sorted(given - common)) or "all jobs"
+        groups.setdefault((env_id, label), []).append(run)
+    return [Group(label, env_id, runs) for (env_id, label), runs in groups.items()]
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def _curve(run: Run, x_key: str) -> tuple:
+    """`(x, return)` of one run: env steps, or its wall clock."""
+    recs = [r for r in run.records if isinstance(r.get("return"), (int, float))]
+    if x_key == "env_steps":
+        x = [float(r["env_steps"]) for r in recs if "env_steps" in r]
+    else:
+        clock = wall_clock(run)
+        x = None if clock is None else [c for c, r in zip(clock, run.records) if r in recs]
+    if not x or len(x) != len(recs):
+        return None
+    return np.asarray(x), np.asarray([float(r["return"]) for r in recs])
+
+
+def mean_band(curves: list, rng, reps: int = BOOTSTRAP_REPS) -> tuple:
+    """Mean over seeds on a common grid, with a 95% percentile-bootstrap band:
+    `(grid, mean, low, high)`; each seed's curve is interpolated (not extrapolated)."""
+    lo, hi = max(c[0][0] for c in curves), min(c[0][-1] for c in curves)
+    grid = np.linspace(lo, hi, GRID_POINTS) if hi > lo else np.array([lo])
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])  # [seeds, grid]
+    picks = rng.integers(0, len(ys), size=(reps, len(ys)))
+    means = ys[picks].mean(axis=1)
+    low, high = np.percentile(means, [(100 - CI) / 2, 100 - (100 - CI) / 2], axis=0)
+    return grid, ys.mean(0), low, high
+
+
+def final_scores(group: Group) -> np.ndarray:
+    finals = [(r.summary or {}).get("final_return") for r in group.runs]
+    return np.asarray([f for f in finals if isinstance(f, (int, float)) and math.isfinite(f)], float)
+
+
+def iqm_intervals(groups: list, seed: int = 0) -> dict:
+    """`{label: (iqm, low, high)}`: rliable's IQM of the final returns, 95% stratified bootstrap."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    scores = {g.label: final_scores(g)[:, None] for g in groups if len(final_scores(g))}
+    if not scores:
+        return {}
+    with warnings.catch_warnings():  # arch's notice that rliable's random_state is deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        point, interval = rly.get_interval_estimates(
+            scores, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=BOOTSTRAP_REPS,
+            random_state=np.random.RandomState(seed))
+    return {k: (float(point[k][0]), float(interval[k][0, 0]), float(interval[k][1, 0])) for k in point}
+
+
+def performance_profiles(groups: list, seed: int = 0) -> tuple:
+    """`(thresholds, {label: (profile, low, high)})` over the groups' final returns."""
+    from rliable import library as rly
+
+    scores = {g.label: final_scores(g)[:, None] for g in groups if len(final_scores(g))}
+    every = np.concatenate([s.ravel() for s in scores.values()])
+    thresholds = np.linspace(every.min(), every.max(), 50) if every.max() > every.min() else every[:1]
+    profiles, cis = rly.create_performance_profile(scores, thresholds, reps=BOOTSTRAP_REPS)
+    return thresholds, {k: (profiles[k], cis[k][0], cis[k][1]) for k in profiles}
+
+
+# ---------------------------------------------------------------- figures and table
+
+
+def _style(i: int) -> dict:
+    from jaxrl_dist.report import _color
+
+    return {"color": _color(i), "marker": MARKERS[i % len(MARKERS)], "linestyle": STYLES[i % len(STYLES)],
+            "markevery": max(1, GRID_POINTS // 8)}
+
+
+def plot_curves(groups: list, x_key: str, out: Path, title: str, xlabel: str, rng) -> tuple:
+    """One line and band per group; `(path or None, names of groups left out)`."""
+    fig, axes = _figure()
+    ax, drawn, left = axes[0, 0], 0, []
+    for i, g in enumerate(groups):
+        curves = [c for c in (_curve(r, x_key) for r in g.runs) if c is not None and len(c[0])]
+        if not curves:
+            left.append(g.label)
+            continue
+        grid, mean, low, high = mean_band(curves, rng)
+        style = _style(i)
+        ax.plot(grid, mean, label=f"{g.label} ({len(curves)} seeds)", **style)
+        ax.fill_between(grid, low, high, color=style["color"], alpha=0.15)
+        drawn += 1
+    if not drawn:
+        return None, left
+    ax.set(title=title, xlabel=xlabel, ylabel="return (mean over seeds, 95% bootstrap band)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out.parent, out.name), left
+
+
+def plot_iqm(groups: list, iqm: dict, out: Path, env_id: str) -> Path:
+    fig, axes = _figure(height=max(2.5, 0.6 * len(iqm) + 1.5))
+    ax = axes[0, 0]
+    labels = [g.label for g in groups if g.label in iqm]
+    for i, label in enumerate(labels):
+        point, low, high = iqm[label]
+        ax.errorbar([point], [i], xerr=[[point - low], [high - point]], fmt=MARKERS[i % len(MARKERS)],
+                    color=_style(i)["color"], capsize=4)
+    ax.set_yticks(range(len(labels)), labels, fontsize="small")
+    ax.set(title=f"{env_id}: IQM of the final return (95% stratified bootstrap)", xlabel="final return")
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, out.parent, out.name)
+
+
+def plot_profiles(groups: list, thresholds, profiles: dict, out: Path, env_id: str) -> Path:
+    fig, axes = _figure()
+    ax = axes[0, 0]
+    for i, g in enumerate(groups):
+        if g.label not in profiles:
+            continue
+        profile, low, high = profiles[g.label]
+        style = _style(i) | {"markevery": max(1, len(thresholds) // 8)}
+        ax.plot(thresholds, profile, label=g.label, **style)
+        ax.fill_between(thresholds, low, high, color=style["color"], alpha=0.15)
+    ax.set(title=f"{env_id}: performance profile", xlabel="final return threshold",
+           ylabel="fraction of runs above it", ylim=(-0.02, 1.02))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, out.parent, out.name)
+
+
+def _num_text(x, spec: str = ".1f") -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def table(groups: list, iqms: dict) -> list:
+    lines = ["| group | env | seeds | final return (mean) | IQM [95% CI] | wall (s, mean) |",
+             "|---|---|---|---|---|---|"]
+    for g in groups:
+        scores = final_scores(g)
+        walls = [(r.summary or {}).get("wall_seconds") for r in g.runs]
+        walls = [w for w in walls if isinstance(w, (int, float))]
+        point, low, high = iqms.get(g.label, (None, None, None))
+        iqm = "-" if point is None else f"{point:.1f} [{low:.1f}, {high:.1f}]"
+        lines.append(f"| {g.label} | {g.env_id} | {len(g.runs)} | "
+                     f"{_num_text(scores.mean() if len(scores) else None)} | {iqm} | "
+                     f"{_num_text(np.mean(walls) if walls else None)} |")
+    return lines
+
+
+def sweep_report(path, out_dir=None) -> tuple:
+    """Figures and `sweep.md` for the sweep at `path` (into `out_dir`, default `path`);
+    `(table lines, written paths, notes)`."""
+    groups = load_sweep(path)
+    out_dir = Path(out_dir or path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    envs = sorted({g.env_id for g in groups})
+    written, notes, iqms = [], [], {}
+    for env_id in envs:
+        mine = [g for g in groups if g.env_id == env_id]
+        tag = "" if len(envs) == 1 else "_" + "".join(c if c.isalnum() else "_" for c in env_id)
+        for key, name, xlabel in (("env_steps", "steps", "env steps"), ("wall", "wall_time", "wall time (s)")):
+            p, left = plot_curves(mine, key, out_dir / f"sweep_return_vs_{name}{tag}.png",
+                                  f"{env_id}: return against {xlabel}", xlabel, rng)
+            written += [p] if p else []
+            notes += [f"sweep_return_vs_{name}{tag}.png: left out {', '.join(left)} (no such records)"] if left else []
+        iqm = iqm_intervals(mine)
+        iqms.update(iqm)
+        if iqm:
+            written.append(plot_iqm(mine, iqm, out_dir / f"sweep_final_iqm{tag}.png", env_id))
+            thresholds, profiles = performance_profiles(mine)
+            written.append(plot_profiles(mine, thresholds, profiles,
+                                         out_dir / f"sweep_performance_profile{tag}.png", env_id))
+    lines = table(groups, iqms)
+    (out_dir / "sweep.md").write_text("\n".join(lines) + "\n")
+    written.append(out_dir / "sweep.md")
+    return lines, written, notes
