@@ -75,6 +75,17 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class LoggerConfig:
+    """Experiment trackers beside metrics.jsonl and TensorBoard (`run.tensorboard`)."""
+
+    wandb: bool = False  # log the config, every metric and the summary to Weights & Biases
+    wandb_project: str = "jaxrl-dist"
+    wandb_entity: Optional[str] = None
+    wandb_group: Optional[str] = None  # e.g. one name for a sweep's jobs
+    wandb_mode: Optional[str] = None  # online | offline | disabled; null: W&B's own ($WANDB_MODE)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """`jaxrl-dist eval RUN_DIR eval.KEY=VALUE`: what `evaluation.evaluate` runs."""
 
@@ -234,6 +245,7 @@ class Config:
     cost: CostConfig = field(default_factory=CostConfig)
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     num_seeds: int = 1
 

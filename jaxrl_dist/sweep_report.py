@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxrl_dist.report import ReportError, Run, _figure, _save, load_run, wall_clock
+from jaxrl_dist.report import ReportError, Run, _color, _figure, _save, load_run, wall_clock
 
 BOOTSTRAP_REPS = 2000
 GRID_POINTS = 100
@@ -142,8 +142,6 @@ def performance_profiles(groups: list, seed: int = 0) -> tuple:
 
 
 def _style(i: int) -> dict:
-    from jaxrl_dist.report import _color
-
     return {"color": _color(i), "marker": MARKERS[i % len(MARKERS)], "linestyle": STYLES[i % len(STYLES)],
             "markevery": max(1, GRID_POINTS // 8)}
 

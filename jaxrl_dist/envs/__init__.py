@@ -8,6 +8,7 @@ installed suite that has the id: gymnax, envpool, then plugins by name.
 """
 from __future__ import annotations
 
+from jaxrl_dist.core.networks import is_frame_stack
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
 from jaxrl_dist.registry import Registry
@@ -71,8 +72,6 @@ def task_family(spec) -> str:
     observations for the MLP (MinAtar); mujoco: continuous actions on envpool;
     continuous: continuous actions elsewhere (gymnax); discrete: the rest.
     """
-    from jaxrl_dist.core.networks import is_frame_stack
-
     if is_frame_stack(spec.obs_shape):
         return "image"
     if len(spec.obs_shape) > 1:

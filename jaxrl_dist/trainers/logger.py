@@ -110,10 +110,15 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: Path, total_steps: int, done_steps: int = 0,
-                 tensorboard: bool = True, progress: bool = True):
+                 tensorboard: bool = True, progress: bool = True, tracker=None, hparams=None):
+        """`tracker`: a `tracking.WandbTracker` (or None); `hparams`: the flat config that
+        TensorBoard's hyperparameter table shows for this run."""
         self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self._tracker = tracker
         # purge_step hides events a killed run wrote past its last checkpoint
         self._tb = EventFile(run_dir / "tensorboard", purge_step=done_steps + 1) if tensorboard else None
+        if self._tb is not None and hparams:
+            self._tb.hparams(hparams)
         self._progress = _make_progress(total_steps, done_steps) if progress else None
 
     def log(self, records: list) -> None:
@@ -124,6 +129,8 @@ class MetricsLogger:
         self._file.write("".join(json.dumps(line) + "\n" for line in lines))  # one flush a chunk
         if self._tb is not None:
             self._tb.write(lines)
+        if self._tracker is not None:
+            self._tracker.log(lines)
         if self._progress is not None:
             last = records[-1]
             ret = "-" if last.ret is None else f"{last.ret:.1f}"
@@ -187,6 +194,16 @@ class EventFile:
             self._writer.write_event(Event(wall_time=now, step=rec["env_steps"],
                                            summary=Summary(value=values)))
 
+    def hparams(self, config: dict) -> None:
+        """TensorBoard's hyperparameter table: the run's config (lists as text) against
+        its episodic return."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import hparams
+
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
+        for summary in hparams(values, {"charts/episodic_return": None}):
+            self._writer.write_event(Event(wall_time=time.time(), summary=summary))
+
     def close(self) -> None:
         self._writer.close()
 
@@ -203,7 +220,6 @@ def _make_progress(total_steps: int, done_steps: int):
     return progress, task
 
 
-# A round-trainer run's headline: return, both clocks, dollars (the rest is in summary.json)
 # (summary key, label with its unit): every trainer's summary table shows the rows its
 # summary has, in this order; summary.json holds everything
 SUMMARY_ROWS = (

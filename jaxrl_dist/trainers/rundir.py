@@ -15,9 +15,10 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError
+from jaxrl_dist.config import Config, ConfigError, to_dict
 from jaxrl_dist.trainers import checkpoint
-from jaxrl_dist.trainers.logger import summary_table
+from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
+from jaxrl_dist.trainers.tracking import flat, open_tracker
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -128,6 +129,25 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
                           f"run.resume={run_dir} or pick another run.dir")
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
 
+
+
+def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int):
+    """The run's `MetricsLogger` and its tracker (None unless `logger.wandb`)."""
+    tracker = open_tracker(cfg, run_dir)
+    hparams = {k: v for k, v in flat(to_dict(cfg)).items() if k != "backend.token"}
+    logger = MetricsLogger(run_dir, total_steps, done_steps, cfg.run.tensorboard, cfg.run.progress,
+                           tracker, hparams)
+    return logger, tracker
+
+
+def finish_run(run_dir: Path, summary: dict, tracker=None) -> None:
+    """Write `summary.json`, hand the summary to the tracker, print the table."""
+    import json
+
+    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    if tracker is not None:
+        tracker.finish(summary)
+    print_summary(summary)
 
 
 def print_summary(summary: dict) -> None:

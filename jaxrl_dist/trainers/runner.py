@@ -18,7 +18,6 @@ writes (the end-of-run one too: ~0.1 s of orbax however small the state),
 from __future__ import annotations
 
 import functools
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,10 +28,10 @@ from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
 from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.asynchronous import train_async
-from jaxrl_dist.trainers.logger import MetricsLogger, chunk_records, final_returns, read_records, truncate_records
-from jaxrl_dist.trainers.rundir import (METRICS_FILE, SUMMARY_FILE, compile_cache_dir, default_run_dir,
-                                        enable_compile_cache, params_digest, peak_rss_mb, prepare_run,
-                                        print_summary, run_metadata)
+from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
+from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
+                                        enable_compile_cache, finish_run, open_logs, params_digest,
+                                        peak_rss_mb, prepare_run, run_metadata)
 from jaxrl_dist.trainers.sync import train_rounds
 
 
@@ -183,8 +182,8 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     start = int(runner.update)
     history = truncate_records(run_dir / METRICS_FILE, start)
     # opening the logs (and importing their writers) is set-up, kept off the train clock
-    logger = MetricsLogger(run_dir, setup.derived.num_updates * setup.derived.batch_size,
-                           start * setup.derived.batch_size, cfg.run.tensorboard, cfg.run.progress)
+    logger, tracker = open_logs(cfg, run_dir, setup.derived.num_updates * setup.derived.batch_size,
+                                start * setup.derived.batch_size)
     t1, saving = time.perf_counter(), ckpt.seconds
     try:
         runner, records = _run_chunks(compiled, runner, ckpt, logger, setup, K, start)
@@ -196,8 +195,7 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     times = {"compile": compile_s, "checkpoint": saving, "train": t2 - t1 - saving,
              "wall": time.perf_counter() - t_start}
     summary = _summary(cfg, setup, runner, history + records, times, start)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(summary)
+    finish_run(run_dir, summary, tracker)
     return summary
 
 

@@ -17,7 +17,6 @@ reached (with `run.stop_at_target`), budget, or `run.max_rounds`.
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -33,9 +32,9 @@ from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
-from jaxrl_dist.trainers.rundir import (METRICS_FILE, SUMMARY_FILE, params_digest, peak_rss_mb, print_summary,
+from jaxrl_dist.trainers.rundir import (METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb,
                                         run_metadata)
-from jaxrl_dist.trainers.logger import loss_keys, MetricsLogger, final_returns, nan_to_none, truncate_records
+from jaxrl_dist.trainers.logger import loss_keys, final_returns, nan_to_none, truncate_records
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
 from jaxrl_dist.core.learner import init_train, make_learner
@@ -379,7 +378,7 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     history = truncate_records(run_dir / METRICS_FILE, start)
     total = cfg.algo.total_timesteps
     done = steps_done(history, trainer.learner.steps_per_shard)
-    logger = MetricsLogger(run_dir, total, done, cfg.run.tensorboard, cfg.run.progress)
+    logger, tracker = open_logs(cfg, run_dir, total, done)
     t1 = time.perf_counter()
     try:
         records = trainer.run(logger, history, t_start)
@@ -413,6 +412,5 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     }
     summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
     summary.update(trainer.summary())
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(summary)
+    finish_run(run_dir, summary, tracker)
     return summary

@@ -1,0 +1,70 @@
+"""Experiment trackers beside `metrics.jsonl` and TensorBoard: Weights & Biases
+(`logger.wandb=true`) gets the config, every numeric field of every record (against
+`env_steps`) and the summary. W&B is imported only when it is asked for.
+
+W&B hands each `log` call to its own service process; the fused runner logs a
+chunk of records while the device runs the next chunk, so the calls stay off the
+hot path (`bench/wandb_overhead.py`). A resumed run continues the same W&B run
+(its id is kept in `RUN_DIR/wandb_id`).
+"""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from jaxrl_dist.config import Config, ConfigError, to_dict
+
+WANDB_ID_FILE = "wandb_id"
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """`{"a.b": leaf}` of a nested dict (for hyperparameter tables)."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def numeric(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class WandbTracker:
+    """One W&B run for one training run."""
+
+    def __init__(self, cfg: Config, run_dir: Path):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("logger.wandb: the wandb package is not installed "
+                              "(pip install 'jaxrl-dist[wandb]')") from None
+        lg = cfg.logger
+        id_file = Path(run_dir) / WANDB_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+        config = to_dict(cfg)
+        config["backend"].pop("token", None)  # a secret never leaves the machine
+        self.run = wandb.init(project=lg.wandb_project, entity=lg.wandb_entity, group=lg.wandb_group,
+                              mode=lg.wandb_mode, dir=str(run_dir), id=run_id, resume="allow",
+                              name=Path(run_dir).name, config=config, reinit="create_new",
+                              settings=wandb.Settings(quiet=True))  # the run's own table says enough
+        id_file.write_text(run_id + "\n")
+        self.run.define_metric("*", step_metric="env_steps")
+
+    def log(self, lines: list) -> None:
+        """Every numeric field of each record's JSON line."""
+        for line in lines:
+            self.run.log(numeric(line))
+
+    def finish(self, summary: Optional[dict]) -> None:
+        if summary:
+            self.run.summary.update(numeric(summary))
+        self.run.finish()
+
+
+def open_tracker(cfg: Config, run_dir: Path) -> Optional[WandbTracker]:
+    """The tracker `cfg.logger` asks for, or None."""
+    return WandbTracker(cfg, run_dir) if cfg.logger.wandb else None
