@@ -83,6 +83,10 @@ class LoggerConfig:
     wandb_entity: Optional[str] = None
     wandb_group: Optional[str] = None  # e.g. one name for a sweep's jobs
     wandb_mode: Optional[str] = None  # online | offline | disabled; null: W&B's own ($WANDB_MODE)
+    # at most this many of a log point's records go to W&B (evenly spaced, the last one
+    # included; 0: all): each W&B row costs ~0.3 ms of CPU, which a fused CartPole run
+    # of 976 updates feels (bench/wandb_overhead.py); metrics.jsonl and TensorBoard keep all
+    wandb_per_chunk: int = 4
 
 
 @dataclass(frozen=True)
@@ -495,6 +499,10 @@ def validate(cfg: Config) -> Config:
     _check_cost(cfg.cost)
     if cfg.backend.name == "fused":
         raise ConfigError(f"backend=fused: {FUSED_IS_A_TRAINER}")
+    if cfg.logger.wandb_per_chunk < 0:
+        raise ConfigError(f"logger.wandb_per_chunk must be >= 0 (0: every record), got {cfg.logger.wandb_per_chunk}")
+    if cfg.logger.wandb_mode not in (None, "online", "offline", "disabled"):
+        raise ConfigError(f"logger.wandb_mode: {cfg.logger.wandb_mode!r} is not online, offline, disabled or null")
     if cfg.trainer.name not in TRAINERS:
         raise ConfigError(f"trainer: unknown trainer {cfg.trainer.name!r} (choose from: {', '.join(TRAINERS)})")
     if cfg.trainer.name != "fused":

@@ -43,7 +43,8 @@ def test_wandb_gets_the_config_every_metric_and_the_summary(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline", XDG_CACHE_HOME=str(CACHE_HOME))
     out = subprocess.run(command() + ["train", "trainer=fused", "algo.total_timesteps=10240", "algo.lr=7e-4",
-                                      f"run.dir={run}", "run.progress=false", "logger.wandb=true"],
+                                      f"run.dir={run}", "run.progress=false", "logger.wandb=true",
+                                      "logger.wandb_per_chunk=0"],  # every record
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     summary = json.loads((run / "summary.json").read_text())
@@ -66,6 +67,13 @@ def test_wandb_gets_the_config_every_metric_and_the_summary(tmp_path):
             final.update({i.key: json.loads(i.value_json) for i in r.summary.update if i.key})
     assert final["final_return"] == pytest.approx(summary["final_return"])
     assert final["sps"] == pytest.approx(summary["sps"])
+
+
+def test_a_log_point_sends_at_most_wandb_per_chunk_records_ending_with_the_last():
+    from jaxrl_dist.trainers.tracking import thin
+
+    assert thin(list(range(61)), 4) == [15, 30, 45, 60]
+    assert thin(list(range(3)), 4) == [0, 1, 2] and thin(list(range(5)), 0) == list(range(5))
 
 
 def test_tensorboard_has_an_hparams_entry(tmp_path):
