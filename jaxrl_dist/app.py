@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 
 from hydra.experimental.callback import Callback
 
+from jaxrl_dist.trainers import status
 from jaxrl_dist.overrides import (CliConfigError, compose, load_config, normalise, override_keys,
                                   store_defaults, task_preset)
 
@@ -91,8 +92,9 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     try:
         config = _config_of(cfg, overrides, multirun)
         configure_cpu()  # a launcher's worker process has not set up the CPU yet
-        use_unrolled_threefry()
-        from jaxrl_dist.trainers.runner import train
+        with status.showing("loading JAX", config.run.progress):
+            use_unrolled_threefry()
+            from jaxrl_dist.trainers.runner import train
 
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
         summary = train(config, None if config.run.resume else output_dir)
@@ -258,9 +260,10 @@ def main(argv: Sequence[str]) -> int:
     for o in users:
         flags.remove(o)
     try:
-        if not any(getattr(args, f) for f in _INFO_FLAGS):
-            _check(users, args)
-        overrides = normalise(task_preset(users))
+        with status.showing("checking the config", not any(getattr(args, f) for f in _INFO_FLAGS)):
+            if not any(getattr(args, f) for f in _INFO_FLAGS):
+                _check(users, args)
+            overrides = normalise(task_preset(users))
     except CliConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

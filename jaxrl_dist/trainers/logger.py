@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from jaxrl_dist.scheduling.records import LOSS_KEYS, Record
+from jaxrl_dist.trainers import status
 
 # the learner's episode bookkeeping (`learner.episode_metrics`), logged apart
 EPISODE_KEYS = ("episode_return_sum", "episodes", "return_mean")
@@ -209,12 +210,14 @@ class EventFile:
 
 
 def _make_progress(total_steps: int, done_steps: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
+    status.stop()  # the bar takes over from the status line
     # the bar moves once a chunk; redrawn at rich's default 10 Hz it took ~2% of a core
     progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}"),
-                        TimeRemainingColumn(), transient=False, refresh_per_second=2)
+                        TimeElapsedColumn(), TimeRemainingColumn(), transient=False, refresh_per_second=2)
     task = progress.add_task("train", total=total_steps, completed=done_steps, sps="-", ret="-")
     progress.start()
     return progress, task

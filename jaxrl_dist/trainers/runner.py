@@ -18,6 +18,7 @@ writes (the end-of-run one too: ~0.1 s of orbax however small the state),
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,7 @@ import jax
 
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.trainers import checkpoint, fused, interrupt
+from jaxrl_dist.trainers import checkpoint, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import train_async
 from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
@@ -168,17 +169,33 @@ def train(cfg: Config, run_dir=None) -> dict:
         return _train_fused(cfg, run_dir, resuming, t_start)
 
 
-def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
+def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
+    """The env, setup, checkpointer and chunk size of a fused run (its config saved)."""
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)
     setup = fused.make_setup(cfg, env.spec)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
-    ckpt = checkpoint.Checkpointer(run_dir)
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
-    runner, compiled, compile_s = _start_and_compile(setup, env, ckpt, cfg, resuming, K)
+    return env, setup, checkpoint.Checkpointer(run_dir), K
+
+
+def _rounding_note(cfg: Config) -> None:
+    """Say once, up front, when the step budget is not a whole number of updates."""
+    batch = cfg.env.num_envs * cfg.algo.num_steps
+    updates = cfg.algo.total_timesteps // batch
+    if updates * batch != cfg.algo.total_timesteps and not cfg.run.resume:
+        print(f"note: algo.total_timesteps={cfg.algo.total_timesteps:,} is {updates} updates of {batch} "
+              f"steps (env.num_envs x algo.num_steps): training {updates * batch:,} steps", file=sys.stderr)
+
+
+def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
+    _rounding_note(cfg)
+    with status.showing(f"making {cfg.env.id} and compiling its training program", cfg.run.progress):
+        env, setup, ckpt, K = _fused_parts(cfg, run_dir, resuming)
+        runner, compiled, compile_s = _start_and_compile(setup, env, ckpt, cfg, resuming, K)
     start = int(runner.update)
     history = truncate_records(run_dir / METRICS_FILE, start)
     # opening the logs (and importing their writers) is set-up, kept off the train clock

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.trainers import checkpoint, interrupt
+from jaxrl_dist.trainers import checkpoint, interrupt, status
 from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
@@ -373,7 +373,8 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
-    trainer = (trainer_cls or RoundTrainer)(cfg, run_dir, resuming)
+    with status.showing(f"starting the {cfg.backend.name} backend", cfg.run.progress):
+        trainer = (trainer_cls or RoundTrainer)(cfg, run_dir, resuming)
     start = int(trainer.state.round)
     history = truncate_records(run_dir / METRICS_FILE, start)
     total = cfg.algo.total_timesteps

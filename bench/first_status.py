@@ -1,0 +1,75 @@
+"""From launch to the first visible text of `jaxrl-dist train` on a terminal.
+
+Each launch is a fresh process on a pseudo-terminal; the clock stops at the first
+output that holds a visible character (escape sequences aside). One warm-up launch
+first (the OS page cache), then `--launches` timed ones; the median is the figure.
+The run itself is short (10,240 steps) and every launch runs it to the end.
+
+    python bench/first_status.py [--launches 5] [--out bench/results/first_status.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import re
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+VISIBLE = re.compile(rb"\x1b\[[0-9;?]*[a-zA-Z]")
+
+
+def first_text(cmd: list) -> tuple:
+    """`(seconds to the first visible text, that text)` of one launch of `cmd`."""
+    master, slave = pty.openpty()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    first, shown = None, b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.02)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            if first is None and VISIBLE.sub(b"", data).strip():
+                first, shown = time.perf_counter() - t0, VISIBLE.sub(b"", data).strip()
+        elif proc.poll() is not None:
+            break
+    proc.wait()
+    os.close(master)
+    return first, shown.decode(errors="replace")[:60]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--launches", type=int, default=5)
+    p.add_argument("--out", default="bench/results/first_status.json")
+    opts = p.parse_args()
+    from common import machine_info, write_json
+
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    times = []
+    with tempfile.TemporaryDirectory(prefix="first_status-") as tmp:
+        for i in range(opts.launches + 1):
+            cmd = [str(script), "train", "trainer=fused", "algo.total_timesteps=10240", f"run.dir={tmp}/{i}"]
+            seconds, shown = first_text(cmd)
+            print(f"[{'warm-up' if i == 0 else i}] {seconds:.2f} s: {shown!r}", flush=True)
+            times += [seconds] if i else []
+    med = statistics.median(times)
+    write_json(opts.out, {"meta": machine_info(), "seconds": times, "median": med})
+    print(f"median {med:.2f} s over {len(times)} launches")
+
+
+if __name__ == "__main__":
+    main()
