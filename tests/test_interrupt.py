@@ -26,7 +26,7 @@ def interrupt_after_first_records(args: list, metrics, timeout: float = 120) -> 
 
 
 @pytest.mark.parametrize("trainer, extra, unit", [
-    ("fused", ["algo.total_timesteps=1000000"], "update"),
+    ("fused", ["algo.total_timesteps=307200"], "update"),
     ("sync", ["scheduler=fixed", "scheduler.num_shards=2", "algo.total_timesteps=400000"], "round"),
 ])
 def test_ctrl_c_checkpoints_says_how_to_resume_and_exits_130(tmp_path, trainer, extra, unit):

@@ -205,13 +205,15 @@ def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
         def expected_shards(self):
             return self.inner.expected_shards()
 
-    class MarkedLogger(rounds.MetricsLogger):
+    from jaxrl_dist.trainers import rundir
+
+    class MarkedLogger(rundir.MetricsLogger):
         def log(self, records):
             super().log(records)
             events.extend(("end", r.update - 1) for r in records)
 
     monkeypatch.setattr(rounds, "make_scheduler", Marked)
-    monkeypatch.setattr(rounds, "MetricsLogger", MarkedLogger)
+    monkeypatch.setattr(rundir, "MetricsLogger", MarkedLogger)  # what open_logs builds
     keys, shard_steps = E2E[name]
     cfg = config(tmp_path / name, keys, rounds_of_steps=shard_steps)
     with compile_log(events):
