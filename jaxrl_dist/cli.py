@@ -117,6 +117,7 @@ def _calibrate_parser(sub) -> None:
 
 _EVAL_EPILOG = """\
 keys (eval.KEY=VALUE): episodes=10 deterministic=true seed=0 seed_index=0 max_steps=100000
+  video=false (an MP4 of episode 0: RUN_DIR/eval.mp4) video_fps=30
 
 examples:
   jaxrl-dist eval outputs/2026-12-01/10-00-00
@@ -151,8 +152,9 @@ def eval_options(overrides: Sequence[str]):
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", "") or ""
         raise CliConfigError(f"eval.{key}: {str(err).splitlines()[0]}") from None
-    if opts.episodes < 1 or opts.max_steps < 1:
-        raise CliConfigError("eval.episodes and eval.max_steps must be positive")
+    for key in ("episodes", "max_steps", "video_fps"):
+        if getattr(opts, key) < 1:
+            raise CliConfigError(f"eval.{key} must be positive, got {getattr(opts, key)}")
     return opts
 
 
@@ -174,6 +176,8 @@ def _eval(args) -> int:
     print(f"{result['env_id']}: return {shown} over {result['episodes_ended']}/{result['episodes']} "
           f"episodes ({'deterministic' if opts.deterministic else 'sampled'}, checkpoint "
           f"{result['checkpoint_step']})")
+    if "video" in result:
+        print(f"wrote {result['video']} ({result['video_frames']} frames)")
     print(f"wrote {Path(args.run_dir) / 'eval.json'}")
     return 0
 

@@ -98,6 +98,8 @@ class EvalConfig:
     seed: int = 0  # the eval envs' and (stochastic) actions' seed
     seed_index: int = 0  # which seed of a fused multi-seed run
     max_steps: int = 100_000  # an episode not ended by then counts as not ended
+    video: bool = False  # an MP4 of episode 0 (RUN_DIR/eval.mp4): gymnax classic control, MinAtar, Atari
+    video_fps: int = 30
 
 
 # env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'

@@ -32,6 +32,7 @@ from jaxrl_dist.envs import make_env
 from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, load_run_config
 
 EVAL_FILE = "eval.json"
+VIDEO_FILE = "eval.mp4"  # episode 0, with eval.video=true
 
 
 class Policy(NamedTuple):
@@ -137,16 +138,21 @@ def _episode_step(env, policy: Policy):
     return jax.jit(step)
 
 
-def run_episodes(env, policy: Policy, seed: int, max_steps: int) -> tuple:
-    """One episode in each of `env.num_envs` envs side by side: `(returns, lengths)`,
-    NaN and the step count where an episode had not ended after `max_steps` steps."""
+def run_episodes(env, policy: Policy, seed: int, max_steps: int, record: bool = False) -> tuple:
+    """One episode in each of `env.num_envs` envs side by side: `(returns, lengths, frames)`,
+    NaN and the step count where an episode had not ended after `max_steps` steps.
+    `record`: `frames` holds a picture of env 0 in each state it acted in, through its
+    episode (`env.frame`), else it is empty."""
     n = env.num_envs
     key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
     state, obs = env.reset(reset_key)
     step = _episode_step(env, policy)
     ret, length = np.zeros(n), np.zeros(n, np.int64)
     done_ret, done_len, finished = np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool)
+    frames = []
     for t in range(max_steps):
+        if record and not finished[0]:
+            frames.append(env.frame(state, 0, obs))
         key, sub = jax.random.split(key)
         state, obs, reward, valid, end = step(state, obs, sub)
         valid, end = np.asarray(valid), np.asarray(end) & ~finished
@@ -157,7 +163,19 @@ def run_episodes(env, policy: Policy, seed: int, max_steps: int) -> tuple:
         if finished.all():
             break
     done_len[~finished] = length[~finished]
-    return done_ret, done_len
+    return done_ret, done_len, frames
+
+
+def write_video(frames: list, path: Path, fps: int) -> Path:
+    """An MP4 (H.264) of RGB frames, through imageio's ffmpeg (the `video` extra)."""
+    try:
+        import imageio.v2 as imageio
+    except ImportError:
+        raise ConfigError("eval.video: needs imageio and imageio-ffmpeg (pip install 'jaxrl-dist[video]')") from None
+    # macro_block_size=2: keep the frame size (H.264 needs it even), no rescaling
+    imageio.mimwrite(path, [f[: f.shape[0] // 2 * 2, : f.shape[1] // 2 * 2] for f in frames], fps=fps,
+                     codec="libx264", macro_block_size=2, pixelformat="yuv420p")
+    return path
 
 
 def evaluate(run_dir, opts) -> dict:
@@ -166,7 +184,9 @@ def evaluate(run_dir, opts) -> dict:
     policy = load_policy(run_dir, opts.deterministic, opts.seed_index)
     cfg = policy.config
     env = make_env(cfg.env.id, opts.episodes, cfg.env.suite, opts.seed, cfg.env.num_threads, cfg.env.kwargs)
-    returns, lengths = run_episodes(env, policy, opts.seed, opts.max_steps)
+    if opts.video and not hasattr(env, "frame"):
+        raise ConfigError(f"eval.video: the {cfg.env.suite} env {cfg.env.id} cannot render")
+    returns, lengths, frames = run_episodes(env, policy, opts.seed, opts.max_steps, opts.video)
     ended = ~np.isnan(returns)
     result = {
         "env_id": cfg.env.id, "checkpoint_step": policy.step, "episodes": int(opts.episodes),
@@ -178,5 +198,8 @@ def evaluate(run_dir, opts) -> dict:
         "returns": [None if math.isnan(r) else float(r) for r in returns],
         "lengths": [int(x) for x in lengths],
     }
+    if opts.video:
+        result["video"] = str(write_video(frames, Path(run_dir) / VIDEO_FILE, opts.video_fps))
+        result["video_frames"] = len(frames)
     (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -37,6 +37,37 @@ def test_a_trained_cartpole_evaluates_to_475_greedily_and_deterministically(solv
     assert first["checkpoint_step"] == json.loads((solved / "summary.json").read_text())["num_updates"]
 
 
+def test_a_video_of_the_first_episode_decodes_to_one_frame_a_step(solved):
+    import imageio.v2 as imageio
+
+    out = run_cli("eval", str(solved), "eval.episodes=2", "eval.video=true", timeout=180)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((solved / "eval.json").read_text())
+    reader = imageio.get_reader(solved / "eval.mp4")
+    frames = sum(1 for _ in reader)
+    assert frames == result["video_frames"] == result["lengths"][0] == 500
+    assert reader.get_meta_data()["size"] == (600, 400)  # gymnasium's CartPole picture
+
+
+def test_image_observations_render_from_the_observation():
+    """MinAtar (gymnax) draws its grid from the observation; the Atari layout takes the
+    newest frame of the stack; envpool's MuJoCo envs do not render."""
+    from jaxrl_dist.envs import EnvMakeError, make_env
+    from jaxrl_dist.envs.base import image_frame
+
+    env = make_env("Breakout-MinAtar", 2)
+    state, obs = env.reset(__import__("jax").random.PRNGKey(0))
+    frame = env.frame(state, 1, obs)
+    assert frame.shape == (160, 160, 3) and frame.dtype == np.uint8 and frame.max() == 255
+    stack = np.zeros((4, 84, 84), np.uint8)
+    stack[-1, 10, 20] = 200
+    atari = image_frame(stack, scale=2)
+    assert atari.shape == (168, 168, 3) and atari[20, 40, 0] == 255 and atari.sum() == 255 * 3 * 4
+    hopper = make_env("Hopper-v3", 1)
+    with pytest.raises(EnvMakeError, match="eval.video: envpool does not render Hopper-v3"):
+        hopper.frame(None, 0, np.zeros((1, 11)))
+
+
 def test_load_policy_acts_on_a_batch_of_observations(solved):
     policy = load_policy(solved)
     actions = policy(jnp.zeros((5, 4)))
@@ -71,7 +102,7 @@ def test_merged_moments_are_the_moments_of_all_the_data():
 
 @pytest.mark.parametrize("override, key", [
     ("eval.episodez=3", "eval.episodez"), ("eval.episodes=x", "eval.episodes"),
-    ("episodes=3", "eval.KEY=VALUE"), ("eval.episodes=0", "eval.episodes"),
+    ("episodes=3", "eval.KEY=VALUE"), ("eval.episodes=0", "eval.episodes"), ("eval.video_fps=0", "eval.video_fps"),
 ])
 def test_bad_eval_options_name_the_key(override, key):
     with pytest.raises(CliConfigError, match=key):

@@ -30,6 +30,25 @@ class EnvAdapter(Protocol):
 
     def step(self, env_state: Any, action: jax.Array, key: jax.Array) -> Tuple[Any, StepOut]: ...
 
+    # optional: `frame(env_state, index, obs) -> uint8 [H, W, 3]`, a picture of env
+    # `index` (for `jaxrl-dist eval eval.video=true`); adapters without one do not render
+
+
+def image_frame(obs, scale: int = 1):
+    """An RGB picture of an image-like observation of one env: the last frame of a
+    `[C, H, W]` stack (envpool Atari), or the brightest-numbered channel of a small
+    `[H, W, C]` grid (MinAtar) as gray levels; enlarged `scale` times (nearest)."""
+    import numpy as np
+
+    obs = np.asarray(obs)
+    if obs.shape[0] <= 4 and obs.shape[-1] > 4:  # [C, H, W]: the newest frame
+        gray = obs[-1].astype(np.float32)
+    else:  # [H, W, C] channels: each lit cell shows which channel lit it
+        gray = (obs * np.arange(1, obs.shape[-1] + 1)).max(-1).astype(np.float32)
+    top = float(gray.max()) or 1.0
+    gray = (gray / top * 255).astype(np.uint8).repeat(scale, 0).repeat(scale, 1)
+    return np.stack([gray] * 3, axis=-1)
+
 
 class Suite:
     """A registered env suite (`env.suite`): the package it needs, and how to make its envs.

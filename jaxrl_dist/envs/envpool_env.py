@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec, StepOut
-from jaxrl_dist.envs.base import Suite
+from jaxrl_dist.envs.base import EnvMakeError, Suite, image_frame
 
 # Atari preprocessing beyond envpool's defaults (84x84 gray, 4-frame stack):
 # episodic life and reward clipping, the standard PPO Atari setting.
@@ -83,6 +83,14 @@ class EnvpoolEnv:
         obs, _info = self.pool.reset()
         state = EnvpoolState(jnp.asarray(self._handle), jnp.zeros((self.num_envs,), bool))
         return state, jnp.asarray(obs.astype(self.spec.obs_dtype, copy=False))
+
+    def frame(self, env_state, index: int, obs):
+        """Env `index` as an RGB picture: an Atari frame stack's newest frame; envpool
+        renders nothing else (its MuJoCo envs have no renderer here)."""
+        if len(self.spec.obs_shape) != 3:
+            raise EnvMakeError(f"eval.video: envpool does not render {self.spec.env_id} (only image "
+                               "observations, such as Atari's, make a video)")
+        return image_frame(np.asarray(obs[index]), scale=2)
 
     def step(self, env_state: EnvpoolState, action, key=None):
         env_ids = jnp.arange(self.num_envs, dtype=jnp.int32)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec, StepOut
-from jaxrl_dist.envs.base import Suite
+from jaxrl_dist.envs.base import EnvMakeError, Suite, image_frame
 
 
 # gymnax imports its rendering libraries (seaborn pulls in scipy) at module
@@ -106,6 +106,39 @@ class GymnaxEnv:
                       terminated=term, truncated=trunc, valid=ones, log_reward=reward,
                       episode_end=term | trunc)
         return state, out
+
+    def frame(self, env_state, index: int, obs):
+        """Env `index` as an RGB picture: classic control through gymnasium's renderer
+        (needs pygame), image-like observations (MinAtar) from the observation."""
+        import numpy as np
+
+        if len(self.spec.obs_shape) > 1:
+            return image_frame(np.asarray(obs[index]), scale=16)
+        gym_env, vis_gym = self._renderer()
+        one = jax.tree.map(lambda x: np.asarray(x)[index], env_state)
+        gym_env.unwrapped.state = vis_gym.get_gym_state(one, self.spec.env_id)
+        if self.spec.env_id == "Pendulum-v1":
+            gym_env.unwrapped.last_u = np.asarray(one.last_u, dtype=np.float64)
+        return gym_env.render()
+
+    def _renderer(self):
+        """One gymnasium env in rgb_array mode, its physics set to this env's params
+        (gymnax's own adapter makes a new one per frame: ~70 ms each)."""
+        if getattr(self, "_gym", None) is None:
+            import os
+
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card, no display
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            import gymnasium
+            from gymnax.visualize import vis_gym
+
+            if self.spec.env_id not in vis_gym.SUPPORTED_GYM_ENVS:
+                raise EnvMakeError(f"eval.video: gymnax has no renderer for {self.spec.env_id}")
+            gym_env = gymnasium.make(self.spec.env_id, render_mode="rgb_array")
+            gym_env.reset()
+            vis_gym.set_gym_params(gym_env.unwrapped, self.spec.env_id, self.params)
+            self._gym = (gym_env, vis_gym)
+        return self._gym
 
 
 class GymnaxSuite(Suite):
