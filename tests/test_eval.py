@@ -23,29 +23,24 @@ def solved(tmp_path_factory):
     return run
 
 
-def test_a_trained_cartpole_evaluates_to_475_greedily_and_deterministically(solved):
+def test_a_trained_cartpole_evaluates_to_475_greedily_deterministically_and_on_video(solved):
+    """Two greedy evaluations give the same returns; the second also writes a video of
+    episode 0, which decodes to one frame a step."""
+    import imageio.v2 as imageio
+
     results = []
-    for _ in range(2):
-        out = run_cli("eval", str(solved), "eval.episodes=16", timeout=120)
+    for extra in ([], ["eval.video=true"]):
+        out = run_cli("eval", str(solved), "eval.episodes=16", *extra, timeout=180)
         assert out.returncode == 0, out.stderr
         assert "return" in out.stdout and "eval.json" in out.stdout
         results.append(json.loads((solved / "eval.json").read_text()))
     first, again = results
-    assert first == again  # deterministic: same returns, episode for episode
+    assert {k: v for k, v in again.items() if not k.startswith("video")} == first  # deterministic
     assert first["mean_return"] >= 475 and first["episodes_ended"] == 16
     assert len(first["returns"]) == len(first["lengths"]) == 16
     assert first["checkpoint_step"] == json.loads((solved / "summary.json").read_text())["num_updates"]
-
-
-def test_a_video_of_the_first_episode_decodes_to_one_frame_a_step(solved):
-    import imageio.v2 as imageio
-
-    out = run_cli("eval", str(solved), "eval.episodes=2", "eval.video=true", timeout=180)
-    assert out.returncode == 0, out.stderr
-    result = json.loads((solved / "eval.json").read_text())
     reader = imageio.get_reader(solved / "eval.mp4")
-    frames = sum(1 for _ in reader)
-    assert frames == result["video_frames"] == result["lengths"][0] == 500
+    assert sum(1 for _ in reader) == again["video_frames"] == again["lengths"][0]
     assert reader.get_meta_data()["size"] == (600, 400)  # gymnasium's CartPole picture
 
 
@@ -75,6 +70,7 @@ def test_load_policy_acts_on_a_batch_of_observations(solved):
     assert policy.obs_moments is None  # CartPole's run did not normalise observations
 
 
+@pytest.mark.slow  # the merge itself is checked below on numbers
 def test_a_round_trainer_run_loads_with_its_slots_statistics_merged(tmp_path):
     run = tmp_path / "pendulum"
     out = run_cli("train", "trainer=sync", "env=pendulum", "scheduler=fixed", "scheduler.num_shards=2",

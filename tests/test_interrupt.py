@@ -27,7 +27,8 @@ def interrupt_after_first_records(args: list, metrics, timeout: float = 120) -> 
 
 @pytest.mark.parametrize("trainer, extra, unit", [
     ("fused", ["algo.total_timesteps=307200"], "update"),
-    ("sync", ["scheduler=fixed", "scheduler.num_shards=2", "algo.total_timesteps=400000"], "round"),
+    pytest.param("sync", ["scheduler=fixed", "scheduler.num_shards=2", "algo.total_timesteps=400000"], "round",
+                 marks=pytest.mark.slow),  # the same flag check as the fused loop's
 ])
 def test_ctrl_c_checkpoints_says_how_to_resume_and_exits_130(tmp_path, trainer, extra, unit):
     run = tmp_path / "run"

@@ -53,6 +53,7 @@ def test_a_2x2_sweep_runs_every_job_and_a_bad_one_fails_alone(tmp_path):
     assert seeds == {1, 2}
 
 
+@pytest.mark.slow  # the default suite's multirun runs are the 2x2 sweep and the report's sweep
 def test_joblib_runs_two_jobs_at_once(tmp_path):
     sweep = tmp_path / "sweep"
     out = run_cli("train", "-m", *TINY, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
@@ -63,6 +64,7 @@ def test_joblib_runs_two_jobs_at_once(tmp_path):
     assert all((r / "summary.json").is_file() for r in job_dirs(sweep))
 
 
+@pytest.mark.slow  # three trials compile three programs (~18 s)
 def test_optuna_sweeps_a_few_trials_on_the_final_return(tmp_path):
     sweep = tmp_path / "optuna"
     out = run_cli("train", "-m", *TINY, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3",
@@ -142,16 +144,23 @@ def test_a_bad_key_in_a_sweep_fails_before_any_job(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(tmp_path):
-    """`jaxrl-dist report MULTIRUN_DIR`: two learning rates x two seeds give two groups of
-    two seeds each: mean curves with bands, the IQM of the final returns and performance
-    profiles (rliable), and a markdown table; fused runs are on the wall-time figure."""
-    sweep = tmp_path / "sweep"
+@pytest.fixture(scope="module")
+def lr_sweep(tmp_path_factory):
+    """Two learning rates x two seeds of the fused trainer, and its report."""
+    sweep = tmp_path_factory.mktemp("report") / "sweep"
     out = run_cli("train", "-m", *TINY, "algo.total_timesteps=1024", "algo.lr=1e-3,3e-4", "seed=1,2",
                   f"run.dir={sweep}", "run.progress=false")
     assert out.returncode == 0, out.stderr
     out = run_cli("report", str(sweep), timeout=180)
     assert out.returncode == 0, out.stderr
+    return sweep
+
+
+def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(lr_sweep):
+    """`jaxrl-dist report MULTIRUN_DIR`: two learning rates x two seeds give two groups of
+    two seeds each: mean curves with bands, the IQM of the final returns and performance
+    profiles (rliable), and a markdown table; fused runs are on the wall-time figure."""
+    sweep = lr_sweep
     for name in ("sweep_return_vs_steps.png", "sweep_return_vs_wall_time.png", "sweep_final_iqm.png",
                  "sweep_performance_profile.png", "sweep.md"):
         assert (sweep / name).stat().st_size > 0, name
@@ -162,13 +171,11 @@ def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(tmp_path):
     assert all(re.search(r"\| -?[\d.]+ \[-?[\d.]+, -?[\d.]+\] \|", row) for row in rows)  # IQM [CI]
 
 
-def test_a_fused_run_has_a_wall_clock_for_the_report(tmp_path):
+def test_a_fused_run_has_a_wall_clock_for_the_report(lr_sweep):
     from jaxrl_dist.report import load_run, wall_clock
 
-    run = tmp_path / "run"
-    assert run_cli("train", *TINY, f"run.dir={run}", "run.progress=false").returncode == 0
-    loaded = load_run(run)
-    clock = wall_clock(loaded)
+    run = lr_sweep / "0"
+    clock = wall_clock(load_run(run))
     summary = json.loads((run / "summary.json").read_text())
     assert clock[0] >= summary["compile_seconds"] and all(b > a for a, b in zip(clock, clock[1:]))
     assert clock[-1] <= summary["compile_seconds"] + summary["train_seconds"] + 1e-6
