@@ -31,6 +31,11 @@ def interrupt_after_first_records(args: list, metrics, timeout: float = 120) -> 
                  marks=pytest.mark.slow),  # the same flag check as the fused loop's
 ])
 def test_ctrl_c_checkpoints_says_how_to_resume_and_exits_130(tmp_path, trainer, extra, unit):
+    interrupted(tmp_path, trainer, extra, unit)
+
+
+def interrupted(tmp_path, trainer: str, extra: list, unit: str) -> tuple:
+    """Interrupt a run after its first records and check what it left: `(run dir, step)`."""
     run = tmp_path / "run"
     args = [f"trainer={trainer}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false", *extra]
     out = interrupt_after_first_records(args, run / "metrics.jsonl")
@@ -42,9 +47,14 @@ def test_ctrl_c_checkpoints_says_how_to_resume_and_exits_130(tmp_path, trainer, 
     saved = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
     assert saved and saved[-1] == step > 0
     assert not (run / "summary.json").exists()
-    if trainer == "fused":  # and the run goes on from there
-        env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
-        done = subprocess.run(command() + ["train", f"run.resume={run}", "run.progress=false"],
-                              capture_output=True, text=True, timeout=300, env=env)
-        assert done.returncode == 0, done.stderr
-        assert json.loads((run / "summary.json").read_text())["resumed_at_update"] == step
+    return run, step
+
+
+@pytest.mark.slow  # the resume itself is checked for killed runs in test_checkpoint
+def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
+    run, step = interrupted(tmp_path, "fused", ["algo.total_timesteps=307200"], "update")
+    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    done = subprocess.run(command() + ["train", f"run.resume={run}", "run.progress=false"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "summary.json").read_text())["resumed_at_update"] == step
