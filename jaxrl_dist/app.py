@@ -24,8 +24,8 @@ from typing import Optional, Sequence
 from hydra.experimental.callback import Callback
 
 from jaxrl_dist.trainers import status
-from jaxrl_dist.overrides import (CliConfigError, compose, load_config, normalise, override_keys,
-                                  store_defaults, task_preset)
+from jaxrl_dist.overrides import (CliConfigError, compose, load_config, normalise, one_line, override_keys,
+                                  store_defaults, task_preset, validated)
 
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
@@ -56,13 +56,8 @@ def _config_of(cfg, overrides: Sequence[str], multirun: bool):
 
     from omegaconf import OmegaConf
 
-    from jaxrl_dist.config import from_dict
-    from jaxrl_dist.envs import resolve_suite
-
     keys = override_keys(overrides)
-    config = from_dict(OmegaConf.to_container(cfg, resolve=True), user_keys=keys)
-    if not config.run.resume:
-        resolve_suite(config.env.id, config.env.suite)
+    config = validated(OmegaConf.to_container(cfg, resolve=True), keys)
     if multirun and "run.progress" not in keys:  # parallel jobs would draw over each other
         config = dataclasses.replace(config, run=dataclasses.replace(config.run, progress=False))
     return config
@@ -99,9 +94,9 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
         summary = train(config, None if config.run.resume else output_dir)
     except (ConfigError, EnvMakeError) as err:
-        raise JobFailed(f"error: {' '.join(str(err).split())}", EXIT_CONFIG_ERROR) from None
+        raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk
-        raise JobFailed(f"error: {' '.join(str(err).split())}", EXIT_BACKEND_ERROR) from None
+        raise JobFailed(f"error: {one_line(err)}", EXIT_BACKEND_ERROR) from None
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
         LOG.info("%s", err)
         print(err, file=sys.stderr, flush=True)
@@ -198,12 +193,16 @@ def _check(overrides: Sequence[str], args) -> None:
 
 def _check_fresh(cfg, hydra_overrides: Sequence[str]) -> None:
     """A new run's directory holds no run yet (Hydra would write `.hydra/` over its)."""
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.trainers.rundir import check_fresh
+
     given = dict(o.split("=", 1) for o in hydra_overrides if o.startswith("hydra.run.dir="))
     run_dir = given.get("hydra.run.dir") or cfg.run.dir
-    ckpt = Path(run_dir or "", "checkpoints")
-    if run_dir and not cfg.run.resume and ckpt.is_dir() and any(ckpt.iterdir()):
-        raise CliConfigError(f"run.dir: {run_dir} already holds a run; continue it with "
-                             f"run.resume={run_dir} or pick another run.dir")
+    if run_dir and not cfg.run.resume:
+        try:
+            check_fresh(run_dir)
+        except ConfigError as err:
+            raise CliConfigError(str(err)) from None
 
 
 def _implied(overrides: Sequence[str], multirun: bool) -> list:
@@ -255,17 +254,18 @@ def main(argv: Sequence[str]) -> int:
     args = _parse(argv)
     if args.shell_completion:
         _complete_after_train()
-    users = list(args.overrides)
     flags = list(argv)
-    for o in users:
+    for o in args.overrides:
         flags.remove(o)
+    checking = not any(getattr(args, f) for f in _INFO_FLAGS)
     try:
-        with status.showing("checking the config", not any(getattr(args, f) for f in _INFO_FLAGS)):
-            if not any(getattr(args, f) for f in _INFO_FLAGS):
+        with status.showing("checking the config", checking):
+            users = task_preset(args.overrides)  # once: it may make the env to read its spaces
+            if checking:
                 _check(users, args)
-            overrides = normalise(task_preset(users))
+            overrides = normalise(users)
     except CliConfigError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     return _launch(flags + overrides + _implied(overrides, args.multirun))
 
@@ -292,7 +292,7 @@ def _print_config(overrides: Sequence[str]) -> int:
     try:
         cfg = load_config(overrides)
     except CliConfigError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
     return 0

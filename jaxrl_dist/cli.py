@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from jaxrl_dist.overrides import (CONFIG_DIR, CliConfigError, compose, load_config, override_keys,  # noqa: F401
-                                  presets)
+from jaxrl_dist.overrides import (CONFIG_DIR, CliConfigError, compose, load_config, one_line,  # noqa: F401
+                                  override_keys, presets)
 
 EXIT_CONFIG_ERROR = 2
 EXIT_BACKEND_ERROR = 3
@@ -171,7 +171,7 @@ def _eval(args) -> int:
     try:
         result = evaluate(args.run_dir, opts)
     except (ConfigError, EnvMakeError) as err:
-        raise CliConfigError(" ".join(str(err).split())) from err
+        raise CliConfigError(one_line(err)) from err
     shown = "-" if result["mean_return"] is None else f"{result['mean_return']:.2f} +- {result['std_return']:.2f}"
     print(f"{result['env_id']}: return {shown} over {result['episodes_ended']}/{result['episodes']} "
           f"episodes ({'deterministic' if opts.deterministic else 'sampled'}, checkpoint "
@@ -276,7 +276,7 @@ def _scheduler_train(args) -> int:
             args.target_bonus, args.profile)
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
-        raise CliConfigError(flag + " ".join(str(err).split())) from err
+        raise CliConfigError(flag + one_line(err)) from err
     print(f"profile: {profile.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
     _prepare_jax()
     env = mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
@@ -304,9 +304,9 @@ def _calibrate(args) -> int:
     try:
         profile, meta = calibrate.calibrate(cfg, opts, serve)
     except ConfigError as err:
-        raise CliConfigError(" ".join(str(err).split())) from err
+        raise CliConfigError(one_line(err)) from err
     except BackendError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_BACKEND_ERROR
     out = save_profile(profile, args.out or Path("profiles") / f"{cfg.env.id}.json", meta)
     print("\n".join(calibrate.summary(profile, meta) + [f"wrote {out}"]))
@@ -337,7 +337,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _calibrate(args)
         raise AssertionError(args.command)  # train is routed to the Hydra app above
     except (CliConfigError, ConfigError) as err:  # a check deeper down names the key as well
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
 
 

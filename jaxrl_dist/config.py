@@ -355,6 +355,14 @@ def check_used(cfg: Config, keys) -> None:
                           f"{cfg.algo.minibatch_size} is set; set algo.minibatch_size=null to use it")
 
 
+def without_secrets(data: dict) -> dict:
+    """A `to_dict` config with its secrets (`backend.token`) taken out: what is saved
+    with a run or sent to a tracker."""
+    if (data.get("backend") or {}).get("token") is None:
+        return data
+    return {**data, "backend": {**data["backend"], "token": None}}
+
+
 def to_dict(cfg: Config) -> dict:
     """Plain nested dict of a config (tuples as lists), for YAML/JSON."""
 

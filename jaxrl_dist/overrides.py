@@ -18,6 +18,11 @@ class CliConfigError(Exception):
     """A config problem, already phrased as the one line to print."""
 
 
+def one_line(err: Exception) -> str:
+    """An error's message on one line (whitespace runs, newlines included, made one space)."""
+    return " ".join(str(err).split())
+
+
 def presets(group: str = "env") -> list:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
@@ -94,7 +99,7 @@ def hydra_message(err: Exception) -> str:
     if isinstance(err, OverrideParseException):
         reason = str(err).split("\n")[0]  # drop Hydra's link to the grammar docs
         return f"bad override '{err.override}': {reason}"
-    text = " ".join(str(err).split())
+    text = one_line(err)
     match = re.search(r"Could not override '([^']+)'", text)
     if match:
         cause = " ".join(str(err.__cause__ or "").split())
@@ -131,15 +136,24 @@ def compose(overrides: Sequence[str], config_dirs: Sequence[str] = (), config_na
         raise CliConfigError(hydra_message(err)) from err
 
 
+def validated(data: dict, user_keys: Sequence[str]):
+    """The `Config` of a composed config whose env id exists (`ConfigError`/`EnvMakeError`
+    otherwise); `user_keys` are the keys the user set (see `config.from_dict`)."""
+    from jaxrl_dist.config import from_dict
+    from jaxrl_dist.envs import resolve_suite
+
+    cfg = from_dict(data, user_keys=user_keys)
+    if not cfg.run.resume:  # a resumed run checks the config saved with it
+        resolve_suite(cfg.env.id, cfg.env.suite)
+    return cfg
+
+
 def load_config(overrides: Sequence[str], config_dirs: Sequence[str] = (), config_name: str = "config"):
     """A validated `Config` whose env id exists; `CliConfigError` otherwise."""
-    from jaxrl_dist.config import ConfigError, from_dict
-    from jaxrl_dist.envs import EnvMakeError, resolve_suite
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.envs import EnvMakeError
 
     try:
-        cfg = from_dict(compose(overrides, config_dirs, config_name), user_keys=override_keys(overrides))
-        if not cfg.run.resume:  # a resumed run checks the config saved with it
-            resolve_suite(cfg.env.id, cfg.env.suite)
-        return cfg
+        return validated(compose(overrides, config_dirs, config_name), override_keys(overrides))
     except (ConfigError, EnvMakeError) as err:
-        raise CliConfigError(" ".join(str(err).split())) from err
+        raise CliConfigError(one_line(err)) from err

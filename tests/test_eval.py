@@ -45,8 +45,8 @@ def test_a_trained_cartpole_evaluates_to_475_greedily_deterministically_and_on_v
 
 
 def test_image_observations_render_from_the_observation():
-    """MinAtar (gymnax) draws its grid from the observation; the Atari layout takes the
-    newest frame of the stack; envpool's MuJoCo envs do not render."""
+    """MinAtar (gymnax) draws its grid from the observation; an Atari frame is drawn from
+    the newest frame of the stack; envpool's MuJoCo envs do not render."""
     from jaxrl_dist.envs import EnvMakeError, make_env
     from jaxrl_dist.envs.base import image_frame
 
@@ -56,7 +56,7 @@ def test_image_observations_render_from_the_observation():
     assert frame.shape == (160, 160, 3) and frame.dtype == np.uint8 and frame.max() == 255
     stack = np.zeros((4, 84, 84), np.uint8)
     stack[-1, 10, 20] = 200
-    atari = image_frame(stack, scale=2)
+    atari = image_frame(stack[-1], scale=2)
     assert atari.shape == (168, 168, 3) and atari[20, 40, 0] == 255 and atari.sum() == 255 * 3 * 4
     hopper = make_env("Hopper-v3", 1)
     with pytest.raises(EnvMakeError, match="eval.video: envpool does not render Hopper-v3"):

@@ -34,17 +34,13 @@ class EnvAdapter(Protocol):
     # `index` (for `jaxrl-dist eval eval.video=true`); adapters without one do not render
 
 
-def image_frame(obs, scale: int = 1):
-    """An RGB picture of an image-like observation of one env: the last frame of a
-    `[C, H, W]` stack (envpool Atari), or the brightest-numbered channel of a small
-    `[H, W, C]` grid (MinAtar) as gray levels; enlarged `scale` times (nearest)."""
+def image_frame(gray, scale: int = 1):
+    """An RGB picture of one env's 2-D observation image (an Atari stack's newest frame,
+    or a MinAtar grid's channel numbers), scaled to 0-255 and enlarged `scale` times
+    (nearest)."""
     import numpy as np
 
-    obs = np.asarray(obs)
-    if obs.shape[0] <= 4 and obs.shape[-1] > 4:  # [C, H, W]: the newest frame
-        gray = obs[-1].astype(np.float32)
-    else:  # [H, W, C] channels: each lit cell shows which channel lit it
-        gray = (obs * np.arange(1, obs.shape[-1] + 1)).max(-1).astype(np.float32)
+    gray = np.asarray(gray, np.float32)
     top = float(gray.max()) or 1.0
     gray = (gray / top * 255).astype(np.uint8).repeat(scale, 0).repeat(scale, 1)
     return np.stack([gray] * 3, axis=-1)

@@ -90,7 +90,7 @@ class EnvpoolEnv:
         if len(self.spec.obs_shape) != 3:
             raise EnvMakeError(f"eval.video: envpool does not render {self.spec.env_id} (only image "
                                "observations, such as Atari's, make a video)")
-        return image_frame(np.asarray(obs[index]), scale=2)
+        return image_frame(np.asarray(obs[index])[-1], scale=2)  # [C, H, W]: the newest frame
 
     def step(self, env_state: EnvpoolState, action, key=None):
         env_ids = jnp.arange(self.num_envs, dtype=jnp.int32)

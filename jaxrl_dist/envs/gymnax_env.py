@@ -112,8 +112,9 @@ class GymnaxEnv:
         (needs pygame), image-like observations (MinAtar) from the observation."""
         import numpy as np
 
-        if len(self.spec.obs_shape) > 1:
-            return image_frame(np.asarray(obs[index]), scale=16)
+        if len(self.spec.obs_shape) > 1:  # [H, W, C]: each lit cell shows which channel lit it
+            grid = np.asarray(obs[index])
+            return image_frame((grid * np.arange(1, grid.shape[-1] + 1)).max(-1), scale=16)
         gym_env, vis_gym = self._renderer()
         one = jax.tree.map(lambda x: np.asarray(x)[index], env_state)
         gym_env.unwrapped.state = vis_gym.get_gym_state(one, self.spec.env_id)

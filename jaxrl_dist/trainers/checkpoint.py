@@ -25,7 +25,7 @@ from typing import Optional
 
 import jax
 
-from jaxrl_dist.config import Config, ConfigError, from_dict
+from jaxrl_dist.config import Config, ConfigError, from_dict, without_secrets
 from jaxrl_dist.core.types import RunnerState
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -109,6 +109,4 @@ def save_run_config(run_dir: Path, data: dict) -> None:
     `backend.token_file` or the environment."""
     import yaml
 
-    if data.get("backend", {}).get("token") is not None:
-        data = {**data, "backend": {**data["backend"], "token": None}}
-    (Path(run_dir) / CONFIG_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
+    (Path(run_dir) / CONFIG_FILE).write_text(yaml.safe_dump(without_secrets(data), sort_keys=False))

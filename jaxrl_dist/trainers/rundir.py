@@ -15,7 +15,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, to_dict
+from jaxrl_dist.config import Config, ConfigError, to_dict, without_secrets
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
 from jaxrl_dist.trainers.tracking import flat, open_tracker
@@ -105,9 +105,13 @@ def peak_rss_mb() -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
-def _has_checkpoints(run_dir: Path) -> bool:
-    ckpt = run_dir / checkpoint.CHECKPOINT_SUBDIR
-    return ckpt.is_dir() and any(ckpt.iterdir())
+def check_fresh(run_dir) -> None:
+    """`ConfigError` when `run_dir` already holds a run (its checkpoints), which a new
+    run must not write over (the CLI checks this before Hydra writes `.hydra/` there)."""
+    ckpt = Path(run_dir) / checkpoint.CHECKPOINT_SUBDIR
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        raise ConfigError(f"run.dir: {run_dir} already holds a run; continue it with "
+                          f"run.resume={run_dir} or pick another run.dir")
 
 
 def prepare_run(cfg: Config, run_dir=None) -> tuple:
@@ -124,9 +128,7 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
                                   progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
         return dataclasses.replace(saved, run=run), run_dir, True
     run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
-    if _has_checkpoints(run_dir):
-        raise ConfigError(f"run.dir: {run_dir} already holds a run; continue it with "
-                          f"run.resume={run_dir} or pick another run.dir")
+    check_fresh(run_dir)
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
 
 
@@ -134,7 +136,7 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
 def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int):
     """The run's `MetricsLogger` and its tracker (None unless `logger.wandb`)."""
     tracker = open_tracker(cfg, run_dir)
-    hparams = {k: v for k, v in flat(to_dict(cfg)).items() if k != "backend.token"}
+    hparams = flat(without_secrets(to_dict(cfg)))
     logger = MetricsLogger(run_dir, total_steps, done_steps, cfg.run.tensorboard, cfg.run.progress,
                            tracker, hparams)
     return logger, tracker

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from jaxrl_dist.config import Config, ConfigError, to_dict
+from jaxrl_dist.config import Config, ConfigError, to_dict, without_secrets
 
 WANDB_ID_FILE = "wandb_id"
 
@@ -53,8 +53,7 @@ class WandbTracker:
         lg = cfg.logger
         id_file = Path(run_dir) / WANDB_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
-        config = to_dict(cfg)
-        config["backend"].pop("token", None)  # a secret never leaves the machine
+        config = without_secrets(to_dict(cfg))  # a secret never leaves the machine
         self.run = wandb.init(project=lg.wandb_project, entity=lg.wandb_entity, group=lg.wandb_group,
                               mode=lg.wandb_mode, dir=str(run_dir), id=run_id, resume="allow",
                               name=Path(run_dir).name, config=config, reinit="create_new",
