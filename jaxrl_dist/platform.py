@@ -7,11 +7,16 @@ JAX; a library user may do the same. Flags already in `XLA_FLAGS` win.
 `use_unrolled_threefry()` is a separate opt-in, made by the same entry points
 once JAX may load: it reaches into JAX's private `jax._src`, so no module of
 this package does it as a side effect of being imported.
+
+Logging: `TerminalHandler` and `logs_through_logging` keep libraries' lines off a
+progress bar (see their docstrings).
 """
 from __future__ import annotations
 
+import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 # Measured on a 2-core host (bench/RESULTS.md):
@@ -77,3 +82,31 @@ def use_unrolled_threefry() -> bool:
 def unrolled_threefry() -> bool:
     """Whether this process opted in (`use_unrolled_threefry`), for workers that mirror it."""
     return _unrolled
+
+
+class TerminalHandler(logging.StreamHandler):
+    """A console handler on whatever `sys.stderr` is when a record is written, not
+    when the handler was made. While a progress bar or status line shows, rich puts a
+    proxy there that prints above the bar; a handler holding the stream it was made
+    with writes into the bar's line instead."""
+
+    def __init__(self, level=logging.NOTSET):
+        logging.Handler.__init__(self, level)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
+def logs_through_logging(name: str) -> None:
+    """Send logger `name`'s records to the root logger's handlers in place of the
+    console handlers its library installed. Ray's handler keeps the stderr of the
+    moment Ray was imported, so its start-up warnings printed through the progress
+    bar; through the root, the job log keeps every line and the terminal gets the
+    warnings above the bar (`TerminalHandler`, or Python's last-resort handler,
+    which also writes to the current `sys.stderr`)."""
+    log = logging.getLogger(name)
+    for handler in list(log.handlers):
+        if type(handler) is not logging.FileHandler and isinstance(handler, logging.StreamHandler):
+            log.removeHandler(handler)
+    log.propagate = True

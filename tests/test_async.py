@@ -284,6 +284,8 @@ def test_async_through_the_cli_writes_its_metrics(tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["trainer"] == "async" and summary["rounds"] >= 8
+    # a fresh process traces and compiles (or loads from the cache) the learner and the shards
+    assert 0 < summary["compile_seconds"] and summary["train_seconds"] < summary["wall_seconds"]
     assert summary["wall_to_target_s"] is None or summary["wall_to_target_s"] > 0
     rec = records(tmp_path)[-1]
     assert rec["staleness_max"] <= 2 and rec["actors_active"] >= 1

@@ -39,7 +39,7 @@ from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, Sha
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker
-from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
+from jaxrl_dist.platform import logs_through_logging, unrolled_threefry, use_unrolled_threefry
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
 MAX_BODY = 1 << 31
@@ -141,6 +141,7 @@ class RayBackend:
         if ray.is_initialized():
             return
         cfg = self.cfg
+        logs_through_logging("ray")  # its start-up warnings: above the progress bar, and in the job log
         with warnings.catch_warnings():
             # JAX warns about fork; Ray's fork is a subprocess's fork + exec
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)

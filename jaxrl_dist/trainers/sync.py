@@ -32,6 +32,7 @@ from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
+from jaxrl_dist.trainers.compile_clock import CompileClock
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb,
                                         run_metadata)
 from jaxrl_dist.trainers.logger import loss_keys, final_returns, nan_to_none, truncate_records
@@ -366,6 +367,42 @@ def cost_summary(cfg: Config, records: list, stop_reason: Optional[str]) -> dict
     return out
 
 
+class _Trained(NamedTuple):
+    """What `train_rounds` summarises: the trainer after its run, and the records."""
+
+    trainer: Any
+    tracker: Any  # trainers.tracking's, or None
+    start: int  # the round the run started (or resumed) from
+    history: list  # the resumed run's records
+    records: list  # this run's
+    done_steps: int  # env steps done before this run
+    train_seconds: float
+    compile_seconds: float
+
+
+def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls) -> _Trained:
+    """Build the trainer and run it, timing this process's compiles (`CompileClock`)."""
+    with CompileClock() as compiles:
+        with status.showing(f"starting the {cfg.backend.name} backend", cfg.run.progress):
+            trainer = (trainer_cls or RoundTrainer)(cfg, run_dir, resuming)
+        start = int(trainer.state.round)
+        history = truncate_records(run_dir / METRICS_FILE, start)
+        done = steps_done(history, trainer.learner.steps_per_shard)
+        logger, tracker = open_logs(cfg, run_dir, cfg.algo.total_timesteps, done)
+        t1 = time.perf_counter()
+        try:
+            records = trainer.run(logger, history, t_start)
+        except BackendError as err:
+            last = trainer.ckpt.latest_step()
+            where = f"round {last}" if last is not None else "none yet"
+            raise BackendError(f"{err}; last checkpoint: {where}; continue with run.resume={run_dir}") from err
+        finally:
+            logger.close()
+            trainer.ckpt.close()
+        train_s = time.perf_counter() - t1
+    return _Trained(trainer, tracker, start, history, records, done, train_s, compiles.seconds)
+
+
 def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
                  trainer_cls=None) -> dict:
     """Train with the round trainer (or `trainer_cls`, the async one); called by
@@ -373,45 +410,30 @@ def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float,
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resuming:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
-    with status.showing(f"starting the {cfg.backend.name} backend", cfg.run.progress):
-        trainer = (trainer_cls or RoundTrainer)(cfg, run_dir, resuming)
-    start = int(trainer.state.round)
-    history = truncate_records(run_dir / METRICS_FILE, start)
-    total = cfg.algo.total_timesteps
-    done = steps_done(history, trainer.learner.steps_per_shard)
-    logger, tracker = open_logs(cfg, run_dir, total, done)
-    t1 = time.perf_counter()
-    try:
-        records = trainer.run(logger, history, t_start)
-    except BackendError as err:
-        last = trainer.ckpt.latest_step()
-        where = f"round {last}" if last is not None else "none yet"
-        raise BackendError(f"{err}; last checkpoint: {where}; continue with run.resume={run_dir}") from err
-    finally:
-        logger.close()
-        trainer.ckpt.close()
-    t2 = time.perf_counter()
-    all_records = history + records
+    t = _train(cfg, run_dir, resuming, t_start, trainer_cls)
+    trainer, all_records = t.trainer, t.history + t.records
     rounds = int(trainer.state.round)
     env_steps = steps_done(all_records, trainer.learner.steps_per_shard)
     final, per_seed = final_returns(all_records, rounds)
-    new_steps = env_steps - done
+    new_steps = env_steps - t.done_steps
     summary = {
         "env_id": cfg.env.id, "backend": cfg.backend.name, "scheduler": cfg.scheduler.name,
         "final_return": final, "returns_per_seed": per_seed, "env_steps": env_steps,
         "total_env_steps": env_steps, "num_updates": rounds, "rounds": rounds, "num_seeds": 1,
         "wall_seconds": time.perf_counter() - t_start,
-        "compile_seconds": None,  # compiles happen in the first rounds (and on the workers)
-        "train_seconds": t2 - t1, "sps": new_steps / (t2 - t1) if t2 > t1 else None,
+        # this process's compiles (the learner, local shards), summed over the threads that
+        # compiled; ray and http workers compile inside their first shards
+        "compile_seconds": t.compile_seconds,
+        "train_seconds": t.train_seconds, "sps": new_steps / t.train_seconds if t.train_seconds > 0 else None,
         "retries": sum(rec.retries for rec in all_records),
         "slot_resets": sum(rec.slot_resets for rec in all_records),
         "params_sha256": params_digest(trainer.state.train.params),
         "peak_rss_mb": peak_rss_mb(),
-        "resumed_at_update": start if cfg.run.resume else None,
+        "resumed_at_update": t.start if cfg.run.resume else None,
         "run_dir": str(Path(cfg.run.dir).resolve()),
         **run_metadata(),
     }
     summary.update(cost_summary(cfg, all_records, trainer.stop_reason))
     summary.update(trainer.summary())
-    finish_run(run_dir, summary, tracker)
+    finish_run(run_dir, summary, t.tracker)
     return summary
