@@ -189,6 +189,8 @@ class ServeConfig:
     # env id -> {kwarg: "bool" | {min, max} | {choices: [...]}}: the env_kwargs a request may set
     allowed_env_kwargs: dict = field(default_factory=dict)
     max_slot: int = 1024  # slots 0..max_slot-1
+    max_envs: int = 256  # envs per shard (spec.num_envs)
+    max_rollout_mb: float = 512.0  # one shard's trajectory, estimated from the env's observations
     max_programs: int = 16  # compiled specs kept (least recently used out)
     max_pools: int = 8  # envpool slot pools kept
     max_concurrent: int = 8  # requests running or queued for the worker; beyond it 503
@@ -556,8 +558,8 @@ _PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a p
 def check_serve(serve: ServeConfig) -> None:
     """The serve limits are positive and `serve.allowed_env_kwargs` holds rules a request's
     values can be checked against; keys that name files or paths are never allowed."""
-    for key in ("max_slot", "max_programs", "max_pools", "max_concurrent", "body_timeout_s",
-                "header_timeout_s", "rollout_timeout_s"):
+    for key in ("max_slot", "max_envs", "max_rollout_mb", "max_programs", "max_pools",
+                "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s"):
         if not getattr(serve, key) > 0:
             raise ConfigError(f"serve.{key} must be positive, got {getattr(serve, key)}")
     for env_id, rules in serve.allowed_env_kwargs.items():

@@ -168,6 +168,7 @@ class ServeApp:
             "name": f"serve:{os.uname().nodename}:{os.getpid()}", "max_bytes": self.max_bytes,
             "allowed_envs": list(cfg.allowed_envs), "allowed_env_kwargs": cfg.allowed_env_kwargs,
             "max_slot": cfg.max_slot, "max_programs": cfg.max_programs, "max_pools": cfg.max_pools,
+            "max_envs": cfg.max_envs, "max_rollout_mb": cfg.max_rollout_mb,
             "unrolled_threefry": unrolled_threefry()})
         # one thread talks to the one worker process: a function instance runs one shard at a time
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard")
@@ -314,7 +315,8 @@ def _worker_main(conn, setup: bytes) -> None:
 
     worker = ShardWorker(opts["name"], opts["max_programs"], opts["max_pools"])
     policy = wire.RequestPolicy(frozenset(opts["allowed_envs"]), opts["allowed_env_kwargs"],
-                                opts["max_slot"])
+                                opts["max_slot"], max_envs=opts["max_envs"],
+                                max_rollout_mb=opts["max_rollout_mb"])
     conn.send_bytes(b"ready")
     while True:
         try:
@@ -356,6 +358,7 @@ def _rollout(worker, policy, max_bytes: int, body: bytes, flags: int, received: 
 
     spec, data = wire.decode_request_head(body, bool(flags & 1), max_bytes, policy)
     req = wire.decode_request_for(worker, spec, data)
+    wire.check_rollout_size(spec, worker.program(spec, req.slot, req.seed).env.spec, policy)
     out, t, reset = worker.run(spec, req.params, req.actor, req.key, req.slot,
                                req.run_id, req.seed, received)
     finished = time.time()

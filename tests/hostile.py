@@ -35,7 +35,7 @@ NAN, INF = float("nan"), float("inf")
 SPEC_CASES = {
     "env_id": ["", "x" * 1000, 5, None, "Acrobot-v1", "../../etc/passwd", [ENV_ID]],
     "suite": ["", "nope", "__class__", 1, None, ["gymnax"]],
-    "num_envs": [0, -1, 4097, 2**40, 2**63, "4", 4.5, True, None],
+    "num_envs": [0, -1, 257, 4097, 2**40, 2**63, "4", 4.5, True, None],
     "num_steps": [0, -1, 4097, 2**62, "16", 16.5, False, None],
     "network": ["", "foo", "__class__", "cnn", 1, None],
     "hidden_sizes": [[], [0], [-1], [5000], [1] * 9, [1] * 1000, "64", [64.5], [True], None, [[64]]],
@@ -447,7 +447,7 @@ def install_abort_suite(where: Path) -> Path:
 def server_overrides(max_body_mb: float = 1.0) -> list:
     return [f"serve.max_body_mb={max_body_mb}", f"serve.allowed_envs=[{ENV_ID},{ABORT_ENV}]",
             "serve.body_timeout_s=1", "serve.header_timeout_s=1", "serve.max_concurrent=6",
-            "serve.max_programs=2"]
+            "serve.max_programs=2", "serve.max_rollout_mb=1"]
 
 
 def start_server(site: Path):

@@ -17,7 +17,8 @@ from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.shard import ACTIVATIONS, MAX_LAYERS, ShardError, ShardWorker
 
 POLICY = wire.RequestPolicy(frozenset({hostile.ENV_ID}),
-                            {hostile.ENV_ID: {"max_steps_in_episode": {"min": 1, "max": 500}}}, 1024)
+                            {hostile.ENV_ID: {"max_steps_in_episode": {"min": 1, "max": 500}}}, 1024,
+                            max_envs=256)
 MAX_BYTES = 1 << 20
 PATHS = sorted({path for path, _ in hostile.field_cases()})
 
@@ -38,9 +39,10 @@ def decode(data, worker):
     return spec, wire.decode_request_for(worker, spec, data)
 
 
-ANY = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=40),
+INT = st.integers(-2**63, 2**64 - 1)  # what msgpack can carry
+ANY = st.one_of(st.none(), st.booleans(), INT, st.floats(), st.text(max_size=40),
                 st.binary(max_size=16), st.lists(st.integers(-5, 5000), max_size=12),
-                st.dictionaries(st.text(max_size=6), st.integers(), max_size=3),
+                st.dictionaries(st.text(max_size=6), INT, max_size=3),
                 st.sampled_from([v for _, v in hostile.field_cases() if not isinstance(v, np.ndarray)]))
 # values inside each bound, so that accepted requests are generated too
 INSIDE = {
@@ -63,7 +65,7 @@ def check_accepted(spec, req) -> None:
     assert spec.env_id in POLICY.allowed_envs and spec.activation in ACTIVATIONS
     assert math.isfinite(spec.gamma) and 0.0 <= spec.gamma <= 1.0
     assert all(math.isfinite(c) and 0 < c <= 1e6 for c in (spec.clip_obs, spec.clip_reward))
-    assert 0 < spec.num_envs <= 4096 and 0 < spec.num_steps <= 4096 and 0 <= spec.num_threads <= 64
+    assert 0 < spec.num_envs <= POLICY.max_envs and 0 < spec.num_steps <= 4096 and 0 <= spec.num_threads <= 64
     assert 0 < len(spec.hidden_sizes) <= MAX_LAYERS and all(0 < h <= 4096 for h in spec.hidden_sizes)
     assert 0 <= req.slot < POLICY.max_slot and 0 <= req.seed < 2**31 and 0 <= req.round < 2**31
     assert isinstance(req.run_id, str) and len(req.run_id) <= 128

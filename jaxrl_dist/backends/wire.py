@@ -184,6 +184,8 @@ class RequestPolicy(NamedTuple):
     allowed_env_kwargs: Mapping = {}
     max_slot: int = 1 << 20
     max_run_id: int = 128
+    max_envs: int = 4096  # envs a shard may ask for (an envpool pool holds one emulator each)
+    max_rollout_mb: float = float("inf")  # a shard's trajectory, estimated from its env's spaces
 
 
 HEAD_FIELDS = ("v", "spec", "slot", "run_id", "seed", "round", "key", "actor", "params")
@@ -217,6 +219,8 @@ def check_policy(spec: ShardSpec, data: dict, policy: RequestPolicy) -> None:
         raise ShardError(f"spec.env_id: {spec.env_id[:64]!r} is not in serve.allowed_envs")
     check_env_kwargs(spec.env_id, json_object(spec.env_kwargs, "spec.env_kwargs"),
                      policy.allowed_env_kwargs)
+    if spec.num_envs > policy.max_envs:
+        raise ShardError(f"spec.num_envs: over serve.max_envs={policy.max_envs}: {spec.num_envs}")
     slot = _field(data, "slot", int)
     if not 0 <= slot < policy.max_slot:
         raise ShardError(f"slot: out of range 0..{policy.max_slot - 1}: {slot}")
@@ -232,6 +236,16 @@ def check_policy(spec: ShardSpec, data: dict, policy: RequestPolicy) -> None:
         raise ShardError("actor: must be null for an envpool spec (the worker keeps it)")
     if not spec.sticky:
         _field(data, "actor", dict)
+
+
+def check_rollout_size(spec: ShardSpec, env_spec, policy: RequestPolicy) -> None:
+    """A shard's `[T, B]` trajectory (observations and a few scalars per step) must fit in
+    `policy.max_rollout_mb`: checked once the env's spaces are known, before any compile."""
+    per_step = int(np.prod(env_spec.obs_shape)) * np.dtype(env_spec.obs_dtype).itemsize + 64
+    mb = spec.num_steps * spec.num_envs * per_step / 2**20
+    if mb > policy.max_rollout_mb:
+        raise ShardError(f"spec.num_steps: {spec.num_steps} steps x {spec.num_envs} envs is "
+                         f"~{mb:.0f} MB of trajectory, over serve.max_rollout_mb={policy.max_rollout_mb:g}")
 
 
 def check_env_kwargs(env_id: str, kwargs: dict, rules: Mapping) -> None:
