@@ -234,6 +234,7 @@ class ServeApp:
         compress = b"deflate" in headers.get(b"accept-encoding", b"")
         status, reply = await self._run(body, encoding == "deflate", compress, received)
         if status != 200:
+            self.counts["errors"] += status >= 500  # the worker logged its traceback
             raise HttpError(status, json.loads(reply)["error"])
         self.served += 1
         return 200, reply, [(b"content-encoding", b"deflate")] if compress else []
@@ -420,6 +421,18 @@ _TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json
                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 
 
+def _close_late(proto, timeout_s: float) -> None:
+    """Close `proto`'s connection whose request headers are late (408 if it began one)."""
+    if proto.cycle is not None and not proto.cycle.response_complete:
+        return  # headers are in; the app's body timeout takes over
+    if not proto.transport.is_closing():
+        if proto._started:  # a request begun and never finished is told why
+            why = f"headers: not received within serve.header_timeout_s={timeout_s:g} s"
+            body = _json({"error": why})
+            proto.transport.write(_TIMEOUT_408 % (len(body), body))
+        proto.transport.close()
+
+
 def header_timeout_protocol(timeout_s: float):
     """uvicorn's h11 protocol, closing a connection whose request headers are not all in
     within `timeout_s` of it opening or of its last response (uvicorn's own keep-alive
@@ -431,6 +444,7 @@ def header_timeout_protocol(timeout_s: float):
 
         def _arm(self) -> None:
             self._disarm()
+            self._started = False  # no byte of the next request yet: an idle keep-alive
             self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
 
         def _disarm(self) -> None:
@@ -439,12 +453,11 @@ def header_timeout_protocol(timeout_s: float):
                 self._header_timer = None
 
         def _headers_late(self) -> None:
-            if self.cycle is not None and not self.cycle.response_complete:
-                return  # headers are in; the app's body timeout takes over
-            if not self.transport.is_closing():
-                body = _json({"error": f"headers: not received within serve.header_timeout_s={timeout_s:g} s"})
-                self.transport.write(_TIMEOUT_408 % (len(body), body))
-                self.transport.close()
+            _close_late(self, timeout_s)
+
+        def data_received(self, data: bytes) -> None:
+            self._started = True
+            super().data_received(data)
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)

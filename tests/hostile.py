@@ -293,6 +293,13 @@ def trickled_headers(url: str, timeout: float = 30.0) -> int:
         return _status(sock, timeout)
 
 
+def idle(url: str, timeout: float = 30.0) -> tuple:
+    """A connection that sends nothing: `(status, seconds until the server closed it)`."""
+    t0 = time.time()
+    with socket.create_connection(_addr(url)) as sock:
+        return _status(sock, timeout), time.time() - t0
+
+
 def huge_claim(url: str, timeout: float = 30.0) -> int:
     with socket.create_connection(_addr(url)) as sock:
         sock.sendall(_head(2**31) + b"\x00" * 100)

@@ -92,12 +92,15 @@ def test_compiled_specs_are_bounded(server):
 
 def test_lying_and_slow_clients_are_timed_out(server):
     """A body shorter than its Content-Length, headers that never end: 408 within
-    the timeouts (1 s here), not a connection held open; a 2^31 claim: 413 at once."""
+    the timeouts (1 s here), not a connection held open; a 2^31 claim: 413 at once; a
+    connection that never sends a byte is closed."""
     t0 = time.time()
     assert hostile.claims_more(server.url) == 408
     assert hostile.trickled_headers(server.url) == 408
     assert hostile.huge_claim(server.url) == 413
-    assert time.time() - t0 < 10
+    status, seconds = hostile.idle(server.url)  # nothing begun: closed without an answer
+    assert status == 0 and seconds < 5
+    assert time.time() - t0 < 15
 
 
 def test_beyond_max_concurrent_is_503_with_retry_after(server):

@@ -94,7 +94,8 @@ class ShardSpec:
                 raise ShardError(f"spec.{name}: missing")
             values[name] = _checked(data[name], kind, f"spec.{name}")
         if len(values["hidden_sizes"]) > MAX_LAYERS:
-            raise ShardError(f"spec.hidden_sizes: at most {MAX_LAYERS} layers, got {len(values['hidden_sizes'])}")
+            raise ShardError(f"spec.hidden_sizes: at most {MAX_LAYERS} layers, "
+                             f"got {len(values['hidden_sizes'])}")
         values["hidden_sizes"] = tuple(_checked(h, int, "spec.hidden_sizes") for h in values["hidden_sizes"])
         spec = cls(**values)
         spec.check_limits()
