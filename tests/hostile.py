@@ -27,6 +27,7 @@ import numpy as np
 TOKEN = "hostile-token-51c2"
 ENV_ID = "CartPole-v1"
 ABORT_ENV = "Abort-v0"  # served by the test-only `crashy` suite: making it calls os.abort()
+HANG_ENV = "Hang-v0"  # the same suite: making it never returns
 RSS_CEILING_MB = 1536.0
 NAN, INF = float("nan"), float("inf")
 
@@ -424,10 +425,12 @@ def wait_worker(url: str, timeout: float = 120.0) -> dict:
 
 def install_abort_suite(where: Path) -> Path:
     """A test-only env suite, registered as a distribution's `jaxrl_dist.env_suites` entry
-    point under `where` (put it on PYTHONPATH): `Abort-v0`, whose maker calls os.abort()."""
+    point under `where` (put it on PYTHONPATH): `Abort-v0`, whose maker calls os.abort(),
+    and `Hang-v0`, whose maker never returns."""
     where.mkdir(parents=True, exist_ok=True)
     (where / "crashy_suite.py").write_text(textwrap.dedent(f'''
         import os
+        import time
 
         class CrashySuite:
             hint = "test only"
@@ -438,10 +441,13 @@ def install_abort_suite(where: Path) -> Path:
 
             @staticmethod
             def has(env_id):
-                return env_id == "{ABORT_ENV}"
+                return env_id in ("{ABORT_ENV}", "{HANG_ENV}")
 
             @staticmethod
             def make(env_id, num_envs, seed=0, num_threads=0, kwargs=None):
+                if env_id == "{HANG_ENV}":
+                    while True:
+                        time.sleep(1)
                 os.abort()  # a native crash, as an env's C++ would
         '''))
     info = where / "crashy_suite-0.1.dist-info"
@@ -457,11 +463,11 @@ def server_overrides(max_body_mb: float = 1.0) -> list:
             "serve.max_programs=2", "serve.max_rollout_mb=1"]
 
 
-def start_server(site: Path):
+def start_server(site: Path, *extra: str):
     from jaxrl_dist.serve import LocalServer
 
     path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    return LocalServer(*server_overrides(), token=TOKEN, env={"PYTHONPATH": path}, timeout=120)
+    return LocalServer(*server_overrides(), *extra, token=TOKEN, env={"PYTHONPATH": path}, timeout=120)
 
 
 def main() -> None:

@@ -72,6 +72,23 @@ def test_a_native_crash_in_an_env_is_contained(server):
     assert hostile.send(server.url, hostile.Generator(0, 2**20).ok())[0] == 200
 
 
+@pytest.mark.slow
+def test_a_hung_rollout_is_cut_off_and_the_worker_restarted(tmp_path):
+    """An env whose maker never returns: past serve.rollout_timeout_s the worker is
+    killed and restarted, the request answered 503 + Retry-After."""
+    s = hostile.start_server(hostile.install_abort_suite(tmp_path), "serve.rollout_timeout_s=3",
+                             f"serve.allowed_envs=[{hostile.ENV_ID},{hostile.HANG_ENV}]")
+    try:
+        hostile.wait_worker(s.url)
+        resp = httpx.post(s.url + "/v1/rollout", content=_request(env_id=hostile.HANG_ENV, suite="crashy"),
+                          headers=dict(hostile.AUTH), timeout=60)
+        assert resp.status_code == 503 and resp.headers["retry-after"], resp.text
+        assert "rollout_timeout_s" in resp.json()["error"]
+        assert hostile.wait_worker(s.url)["worker"]["restarts"] == 1
+    finally:
+        s.stop()
+
+
 def test_cnn_on_cartpole_and_an_oversized_trajectory_are_422(server):
     """Refused naming the field once the env's spaces are known, before any compile."""
     for field, value in (("network", "cnn"), ("num_steps", 4096)):  # 4096 steps: over 1 MB
