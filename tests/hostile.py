@@ -460,7 +460,7 @@ def install_abort_suite(where: Path) -> Path:
 def server_overrides(max_body_mb: float = 1.0) -> list:
     return [f"serve.max_body_mb={max_body_mb}", f"serve.allowed_envs=[{ENV_ID},{ABORT_ENV}]",
             "serve.body_timeout_s=1", "serve.header_timeout_s=1", "serve.max_concurrent=6",
-            "serve.max_programs=2", "serve.max_rollout_mb=1"]
+            "serve.max_programs=2", "serve.max_pools=2", "serve.max_rollout_mb=1"]
 
 
 def start_server(site: Path, *extra: str):

@@ -13,6 +13,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 import hostile
@@ -97,14 +98,37 @@ def test_cnn_on_cartpole_and_an_oversized_trajectory_are_422(server):
         assert resp.status_code == 422 and resp.json()["error"].startswith(f"spec.{field}:"), resp.text
 
 
+def _sticky(slot: int, bad_params: bool) -> bytes:
+    """An envpool CartPole request for `slot` (the worker keeps its envs)."""
+    _, data = hostile.valid_request()
+    params = data["params"]
+    if bad_params:
+        params = {"params": {**params["params"], "log_std": np.zeros(3, np.float32)}}
+    return hostile.pack({**data, "spec": {**data["spec"], "suite": "envpool"}, "slot": slot,
+                         "actor": None, "params": params})
+
+
+def test_env_pools_are_built_only_for_checked_requests(server):
+    """Bad params for many envpool slots: refused against the spec's templates, so at
+    most the one pool that the templates came from is built, not one per slot."""
+    for slot in range(6):
+        resp = httpx.post(server.url + "/v1/rollout", content=_sticky(slot, True),
+                          headers=dict(hostile.AUTH), timeout=60)
+        assert resp.status_code == 422 and resp.json()["error"].startswith("params"), resp.text
+    assert hostile.health(server.url)["pools"] <= 1
+
+
 @pytest.mark.slow
-def test_compiled_specs_are_bounded(server):
-    """Distinct specs past serve.max_programs=2 evict the least recently used, counted
-    in /healthz."""
+def test_compiled_specs_and_pools_are_bounded(server):
+    """Distinct specs past serve.max_programs=2, slots past serve.max_pools=2: the least
+    recently used go, counted in /healthz."""
     for gamma in (0.9, 0.95, 0.97):
         assert hostile.send(server.url, hostile.Case("g", _request(gamma=gamma), hostile.AUTH))[0] == 200
+    for slot in range(3):
+        assert hostile.send(server.url, hostile.Case("s", _sticky(slot, False), hostile.AUTH))[0] == 200
     found = hostile.health(server.url)
     assert found["programs"] <= 2 and found["evicted_programs"] >= 1, found
+    assert found["pools"] <= 2 and found["evicted_pools"] >= 1, found
 
 
 def test_lying_and_slow_clients_are_timed_out(server):

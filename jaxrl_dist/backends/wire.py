@@ -113,10 +113,22 @@ def _field(data: dict, name: str, kind):
     return value
 
 
+def _no_extra_keys(want, got, name: str) -> None:
+    """Refuse keys the template lacks (flax would drop them silently); the walk follows
+    the template, so its depth is the template's."""
+    if not isinstance(want, dict) or not isinstance(got, dict):
+        return
+    for key in got:
+        if key not in want:
+            raise ShardError(f"{name}.{str(key)[:64]}: unknown field")
+        _no_extra_keys(want[key], got[key], f"{name}.{key}")
+
+
 def restore(template, data, name: str):
     """`data` (a state dict from the wire) as `template`'s pytree, every leaf checked."""
     from flax import serialization
 
+    _no_extra_keys(serialization.to_state_dict(template), data, name)
     try:
         tree = serialization.from_state_dict(template, data)
     except Exception as err:
