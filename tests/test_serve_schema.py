@@ -99,7 +99,7 @@ def test_every_listed_bad_value_is_refused_naming_its_field(base, worker):
         assert str(info.value).startswith(".".join(path) if path != ("v",) else "v:"), (path, value, info.value)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(MUTATION, min_size=1, max_size=4))
 def test_fuzzed_requests_are_refused_by_field_or_within_bounds(base, worker, mutations):
     fuzz(base, worker, mutations)
