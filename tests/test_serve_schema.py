@@ -110,3 +110,23 @@ def test_fuzzed_requests_are_refused_by_field_or_within_bounds(base, worker, mut
 @given(st.lists(MUTATION, min_size=1, max_size=6))
 def test_ten_thousand_fuzzed_requests(base, worker, mutations):
     fuzz(base, worker, mutations)
+
+
+def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
+    """By default no env kwarg is taken (the Pong-v5 `base_path` that made envpool abort
+    is refused naming it); a rule allows a typed, bounded value; a rule for a path-like
+    kwarg is a config error."""
+    from jaxrl_dist.config import ConfigError, from_dict, validate
+
+    with pytest.raises(ShardError, match=r"^spec\.env_kwargs\.base_path: not allowed for Pong-v5"):
+        wire.check_env_kwargs("Pong-v5", {"base_path": "/nonexistent"}, {})
+    rules = {"Pong-v5": {"img_height": {"min": 36, "max": 210}, "episodic_life": "bool",
+                         "reward_clip": {"choices": [True]}}}
+    wire.check_env_kwargs("Pong-v5", {"img_height": 84, "episodic_life": False, "reward_clip": True}, rules)
+    for bad in ({"img_height": 1024}, {"img_height": 84.0}, {"episodic_life": 1}, {"reward_clip": 1}):
+        with pytest.raises(ShardError, match=rf"^spec\.env_kwargs\.{next(iter(bad))}: "):
+            wire.check_env_kwargs("Pong-v5", bad, rules)
+    for rule in ({"base_path": {"choices": ["x"]}}, {"rom_file": "bool"}, {"mode": {"choices": ["/etc"]}},
+                 {"img_height": {"min": 1}}):
+        with pytest.raises(ConfigError, match=r"^serve\.allowed_env_kwargs\.Pong-v5\."):
+            validate(from_dict({"serve": {"allowed_env_kwargs": {"Pong-v5": rule}}}))
