@@ -186,6 +186,17 @@ class ServeConfig:
     token: Optional[str] = None  # null reads $JAXRL_DIST_TOKEN; empty string: no auth
     max_body_mb: float = 64.0
     allowed_envs: tuple = DEFAULT_ALLOWED_ENVS
+    # env id -> {kwarg: "bool" | {min, max} | {choices: [...]}}: the env_kwargs a request may set
+    allowed_env_kwargs: dict = field(default_factory=dict)
+    max_slot: int = 1024  # slots 0..max_slot-1
+    max_envs: int = 256  # envs per shard (spec.num_envs)
+    max_rollout_mb: float = 512.0  # one shard's trajectory, estimated from the env's observations
+    max_programs: int = 16  # compiled specs kept (least recently used out)
+    max_pools: int = 8  # envpool slot pools kept
+    max_concurrent: int = 8  # requests running or queued for the worker; beyond it 503
+    body_timeout_s: float = 10.0  # to read a request's body (408 past it)
+    header_timeout_s: float = 10.0  # to read a request's headers (the connection is closed)
+    rollout_timeout_s: float = 600.0  # one shard in the worker process, which is restarted past it
 
 
 @dataclass(frozen=True)
@@ -521,6 +532,7 @@ def validate(cfg: Config) -> Config:
         _check_async(cfg)
     if cfg.serve.max_body_mb <= 0:
         raise ConfigError(f"serve.max_body_mb must be positive, got {cfg.serve.max_body_mb}")
+    check_serve(cfg.serve)
     if cfg.algo.name != "ppo":
         raise ConfigError(f"algo.name: only 'ppo' is available, got {cfg.algo.name!r}")
     if cfg.algo.activation not in ("tanh", "relu"):
@@ -538,6 +550,43 @@ def validate(cfg: Config) -> Config:
     for key in ("normalize_obs", "normalize_reward"):
         _resolve_auto(getattr(cfg.env, key), f"env.{key}", False)
     return cfg
+
+
+_PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a place
+
+
+def check_serve(serve: ServeConfig) -> None:
+    """The serve limits are positive and `serve.allowed_env_kwargs` holds rules a request's
+    values can be checked against; keys that name files or paths are never allowed."""
+    for key in ("max_slot", "max_envs", "max_rollout_mb", "max_programs", "max_pools",
+                "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s"):
+        if not getattr(serve, key) > 0:
+            raise ConfigError(f"serve.{key} must be positive, got {getattr(serve, key)}")
+    for env_id, rules in serve.allowed_env_kwargs.items():
+        if not isinstance(rules, dict):
+            raise ConfigError(f"serve.allowed_env_kwargs.{env_id}: expected a mapping of kwarg rules")
+        for name, rule in rules.items():
+            _check_kwarg_rule(f"serve.allowed_env_kwargs.{env_id}.{name}", str(name), rule)
+
+
+def _check_kwarg_rule(key: str, name: str, rule: Any) -> None:
+    if any(word in name.lower() for word in _PATH_WORDS):
+        raise ConfigError(f"{key}: paths and file names are never taken from a request")
+    if rule == "bool":
+        return
+    number = (int, float)
+    if isinstance(rule, dict) and set(rule) == {"min", "max"}:
+        low, high = rule["min"], rule["max"]
+        if any(isinstance(x, bool) or not isinstance(x, number) or not math.isfinite(x)
+               for x in (low, high)) or low > high:
+            raise ConfigError(f"{key}: min and max must be finite numbers, min <= max")
+        return
+    if isinstance(rule, dict) and set(rule) == {"choices"} and isinstance(rule["choices"], (list, tuple)):
+        for c in rule["choices"]:
+            if not isinstance(c, (bool, int, float, str)) or isinstance(c, str) and ("/" in c or "\\" in c):
+                raise ConfigError(f"{key}: choices must be plain scalars (no paths), got {c!r}")
+        return
+    raise ConfigError(f"{key}: expected \"bool\", {{min: A, max: B}} or {{choices: [...]}}, got {rule!r}")
 
 
 def derive(cfg: Config, continuous: bool = False) -> Derived:

@@ -28,7 +28,8 @@ def presets(group: str = "env") -> list:
 
 
 # open mappings: their keys are the env maker's or a plugin's, not the schema's
-_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options",
+         "serve.allowed_env_kwargs")
 
 
 def normalise(overrides: Sequence[str]) -> list:

@@ -2,16 +2,26 @@
 
 Routes: `GET /healthz` and `POST /v1/rollout`. Bodies are msgpack
 (`jaxrl_dist.backends.wire`), optionally raw-deflated (`Content-Encoding: deflate`);
-nothing is ever unpickled. Bad requests get a JSON `{"error": ...}` naming
-the field and the instance keeps serving:
+nothing is ever unpickled. Every field of a request is checked against the
+schema (type, range, size; names registered here) before an env or a program
+is built. Bad requests get a one-line JSON `{"error": ...}` naming the field
+and the instance keeps serving:
 
 - 401: no bearer token, or the wrong one;
 - 413: a body over `serve.max_body_mb` (sent, or once inflated);
 - 400: a body that is not a wire document (bad deflate, not msgpack, wrong version);
-- 422: a document with a bad field, a wrong shape or dtype, or an env id
-  outside `serve.allowed_envs`.
+- 408: headers or body not received within `serve.header_timeout_s` / `serve.body_timeout_s`
+  (the connection is closed);
+- 422: a document with a bad field, a wrong shape or dtype, an env id outside
+  `serve.allowed_envs`, or an env kwarg outside `serve.allowed_env_kwargs`;
+- 503 with `Retry-After`: `serve.max_concurrent` requests already running or
+  queued, or the rollout process died (a native crash in an env) or hung past
+  `serve.rollout_timeout_s`; it is restarted and `/healthz` counts the restarts;
+- 500: a bug, in one line (and logged).
 
-Compiled rollouts are cached per spec and shapes (`shard.ShardWorker`), so a
+Envs are built and shards run in a separate process (`RolloutWorker`), which
+keeps its compiled programs across requests (at most `serve.max_programs`
+specs and `serve.max_pools` envpool slot pools, least recently used out), so a
 warm instance does not recompile. Each response reports the instance's own
 billed duration, from the request's arrival to its response, rounded up to
 the millisecond. One shard runs at a time (a function instance's
@@ -24,40 +34,146 @@ import hmac
 import json
 import math
 import os
+import struct
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from jaxrl_dist.config import ServeConfig
-from jaxrl_dist.platform import use_unrolled_threefry
+from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 MSGPACK = b"application/msgpack"
 
 
+RETRY_AFTER_S = 2  # what a 503 asks a client to wait: a restarting worker is back in seconds
+_HEAD = struct.Struct("!Bd")  # to the worker: flags (1 inflate, 2 deflate the answer), received
+_REPLY = struct.Struct("!HI")  # from the worker: status, length of its stats JSON
+
+
 class HttpError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: Optional[list] = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers or []
+
+
+def _retry_later(message: str) -> HttpError:
+    return HttpError(503, message, [(b"retry-after", str(RETRY_AFTER_S).encode())])
 
 
 def _billed(received: float, finished: float) -> float:
     return math.ceil((finished - received) * 1000.0) / 1000.0
 
 
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
+
+
+class WorkerDied(Exception):
+    """The rollout process died or hung; it has been (or will be) started again."""
+
+
+class RolloutWorker:
+    """The process that decodes, checks and runs shards (spawned, so it shares nothing
+    with the server but a pipe of bytes). A native crash in an env (an abort, a
+    segfault) kills it, not the server: the request that was running is answered 503
+    and the next one starts a fresh process. It keeps its compiled programs between
+    requests, so a warm instance stays warm."""
+
+    START_TIMEOUT_S = 300.0
+
+    def __init__(self, setup: dict):
+        self.setup = json.dumps(setup).encode()
+        self.proc = self.conn = None
+        self.restarts, self.last_exit, self.stats = 0, None, {}
+        self._lock = threading.Lock()
+
+    def state(self) -> dict:
+        alive = self.proc is not None and self.proc.is_alive()
+        return {"pid": self.proc.pid if alive else None, "state": "up" if alive else "down",
+                "restarts": self.restarts, "last_exit": self.last_exit}
+
+    def ensure(self) -> None:
+        """Start the process if none is running (a died one counts as a restart)."""
+        import multiprocessing
+
+        with self._lock:
+            if self.proc is not None and self.proc.is_alive():
+                return
+            if self.proc is not None:
+                self._reap()
+                self.restarts += 1
+            ctx = multiprocessing.get_context("spawn")
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=_worker_main, args=(child, self.setup), daemon=True,
+                                    name="jaxrl-dist-rollout")
+            self.proc.start()
+            child.close()
+            if not self.conn.poll(self.START_TIMEOUT_S) or self.conn.recv_bytes() != b"ready":
+                self.kill()
+                raise WorkerDied(f"the rollout process did not start in {self.START_TIMEOUT_S:.0f} s")
+
+    def call(self, message: bytes, timeout: float) -> tuple:
+        """`(status, payload)` for one request; `WorkerDied` if the process died or hung."""
+        self.ensure()
+        try:
+            self.conn.send_bytes(message)
+            if not self.conn.poll(timeout):
+                self.kill()
+                raise WorkerDied(f"the rollout took over serve.rollout_timeout_s={timeout:g} s; "
+                                 "the process was restarted")
+            reply = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            code = self._reap()
+            raise WorkerDied(f"the rollout process died ({_exit_text(code)}); it restarts") from None
+        status, size = _REPLY.unpack_from(reply)
+        self.stats = json.loads(reply[_REPLY.size:_REPLY.size + size])
+        return status, reply[_REPLY.size + size:]
+
+    def _reap(self):
+        self.proc.join(timeout=10)
+        self.last_exit = self.proc.exitcode
+        self.conn.close()
+        return self.last_exit
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+        if self.proc is not None:
+            self._reap()
+
+
+def _exit_text(code) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 class ServeApp:
     """ASGI 3 app; `token=None` or `""` turns authentication off."""
 
     def __init__(self, cfg: ServeConfig = ServeConfig(), token: Optional[str] = None):
-        from jaxrl_dist.backends.shard import ShardWorker
-
         self.cfg = cfg
         self.token = token or None
         self.max_bytes = int(cfg.max_body_mb * 2**20)
-        self.allowed = frozenset(cfg.allowed_envs)
-        self.worker = ShardWorker(f"serve:{os.uname().nodename}:{os.getpid()}")
+        self.worker = RolloutWorker({
+            "name": f"serve:{os.uname().nodename}:{os.getpid()}", "max_bytes": self.max_bytes,
+            "allowed_envs": list(cfg.allowed_envs), "allowed_env_kwargs": cfg.allowed_env_kwargs,
+            "max_slot": cfg.max_slot, "max_programs": cfg.max_programs, "max_pools": cfg.max_pools,
+            "max_envs": cfg.max_envs, "max_rollout_mb": cfg.max_rollout_mb,
+            "unrolled_threefry": unrolled_threefry()})
+        # one thread talks to the one worker process: a function instance runs one shard at a time
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard")
-        self.served = 0
+        self.served, self.admitted = 0, 0
+        self.counts = {"busy": 0, "body_timeouts": 0, "worker_failures": 0, "errors": 0}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -67,9 +183,11 @@ class ServeApp:
         try:
             status, body, headers = await self._route(scope, receive)
         except HttpError as err:
-            status, body, headers = err.status, _json({"error": str(err)}), []
-        except Exception as err:  # a bug must not take the instance down
-            status, body, headers = 500, _json({"error": f"internal error: {type(err).__name__}: {err}"}), []
+            status, body, headers = err.status, _json({"error": str(err)}), err.headers
+        except Exception as err:  # a bug must not take the instance down, nor drop the connection
+            self.counts["errors"] += 1
+            _log(f"internal error on {scope.get('path')}: {_one_line(err)}")
+            status, body, headers = 500, _json({"error": f"internal error: {_one_line(err)}"}), []
         ctype = MSGPACK if status == 200 and scope["path"] == "/v1/rollout" else b"application/json"
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype),
@@ -80,21 +198,30 @@ class ServeApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self._pool.submit(self.worker.ensure)  # warm up in the background
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self._pool.shutdown(wait=False)
+                self.worker.kill()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def health(self) -> dict:
+        stats = self.worker.stats
+        return {"status": "ok", "served": self.served, "compiled": stats.get("compiled", 0),
+                "programs": stats.get("programs", 0), "pools": stats.get("pools", 0),
+                "evicted_programs": stats.get("evicted_programs", 0),
+                "evicted_pools": stats.get("evicted_pools", 0), "admitted": self.admitted,
+                "worker": self.worker.state(), **self.counts}
 
     async def _route(self, scope, receive):
         path, method = scope["path"], scope["method"]
         if path == "/healthz":
             if method != "GET":
                 raise HttpError(405, f"method {method} not allowed on /healthz")
-            return 200, _json({"status": "ok", "served": self.served,
-                               "compiled": self.worker.compiled()}), []
+            return 200, _json(self.health()), []
         if path != "/v1/rollout":
-            raise HttpError(404, f"no route {path}")
+            raise HttpError(404, f"no route {path[:200]}")
         if method != "POST":
             raise HttpError(405, f"method {method} not allowed on /v1/rollout")
         received = time.time()
@@ -102,14 +229,35 @@ class ServeApp:
         self._authorize(headers.get(b"authorization", b""))
         encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
         if encoding not in ("identity", "deflate"):
-            raise HttpError(400, f"content-encoding: {encoding!r} is not identity or deflate")
+            raise HttpError(400, f"content-encoding: {encoding[:64]!r} is not identity or deflate")
         body = await self._read_body(headers, receive)
         compress = b"deflate" in headers.get(b"accept-encoding", b"")
-        loop = asyncio.get_running_loop()
-        reply = await loop.run_in_executor(self._pool, self._rollout, body, encoding == "deflate",
-                                           compress, received)
+        status, reply = await self._run(body, encoding == "deflate", compress, received)
+        if status != 200:
+            self.counts["errors"] += status >= 500  # the worker logged its traceback
+            raise HttpError(status, json.loads(reply)["error"])
         self.served += 1
         return 200, reply, [(b"content-encoding", b"deflate")] if compress else []
+
+    async def _run(self, body: bytes, compressed: bool, compress: bool, received: float) -> tuple:
+        """The request in the worker process, if there is room in its queue."""
+        if self.admitted >= self.cfg.max_concurrent:
+            self.counts["busy"] += 1
+            raise _retry_later(f"busy: {self.admitted} requests running or queued "
+                               f"(serve.max_concurrent={self.cfg.max_concurrent})")
+        message = _HEAD.pack(int(compressed) | 2 * int(compress), received) + body
+        self.admitted += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, self.worker.call, message,
+                                              self.cfg.rollout_timeout_s)
+        except WorkerDied as err:
+            self.counts["worker_failures"] += 1
+            _log(f"rollout worker: {err}")
+            self._pool.submit(self.worker.ensure)  # the next request finds it up again
+            raise _retry_later(f"worker: {err}") from None
+        finally:
+            self.admitted -= 1
 
     def _authorize(self, header: bytes) -> None:
         if self.token is None:
@@ -130,8 +278,9 @@ class ServeApp:
             if size > self.max_bytes:
                 raise HttpError(413, f"body: {size} bytes is over serve.max_body_mb={self.cfg.max_body_mb}")
         chunks, total = [], 0
+        deadline = time.monotonic() + self.cfg.body_timeout_s
         while True:
-            message = await receive()
+            message = await self._receive_by(receive, deadline)
             if message["type"] == "http.disconnect":
                 raise HttpError(400, "body: the client disconnected")
             chunk = message.get("body", b"")
@@ -142,28 +291,80 @@ class ServeApp:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    def _rollout(self, body: bytes, compressed: bool, compress: bool, received: float) -> bytes:
-        """Decode, check, run and encode one shard (in the worker thread)."""
-        from jaxrl_dist.backends import wire
-        from jaxrl_dist.envs import EnvMakeError
-        from jaxrl_dist.backends.shard import ShardError, Timings
-
+    async def _receive_by(self, receive, deadline: float) -> dict:
+        """The next body message, or 408 (and the connection closed) past `deadline`: a
+        client that claims more than it sends, or sends it too slowly, holds nothing for long."""
         try:
-            spec, data = wire.decode_request_head(body, compressed, self.max_bytes)
-            if spec.env_id not in self.allowed:
-                raise ShardError(f"spec.env_id: {spec.env_id!r} is not in serve.allowed_envs")
-            req = wire.decode_request_for(self.worker, spec, data)
-        except wire.BodyTooLarge as err:
-            raise HttpError(413, str(err)) from err
-        except wire.MalformedBody as err:
-            raise HttpError(400, str(err)) from err
-        except (ShardError, EnvMakeError) as err:
-            raise HttpError(422, " ".join(str(err).split())) from err
-        out, t, reset = self.worker.run(spec, req.params, req.actor, req.key, req.slot,
-                                        req.run_id, req.seed, received)
-        finished = time.time()
-        timings = Timings(t.received, t.started, finished, _billed(t.received, finished))
-        return wire.encode_response(req.slot, out, timings, reset, self.worker.name, compress)
+            return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            self.counts["body_timeouts"] += 1
+            raise HttpError(408, f"body: not received within serve.body_timeout_s="
+                                 f"{self.cfg.body_timeout_s:g} s", [(b"connection", b"close")]) from None
+
+
+def _log(line: str) -> None:
+    print(f"jaxrl-dist serve: {line}", file=sys.stderr, flush=True)
+
+
+def _worker_main(conn, setup: bytes) -> None:
+    """The rollout process: answer requests from the server's pipe until it closes."""
+    opts = json.loads(setup)
+    if opts["unrolled_threefry"]:
+        use_unrolled_threefry()
+    from jaxrl_dist.backends import wire
+    from jaxrl_dist.backends.shard import ShardWorker
+
+    worker = ShardWorker(opts["name"], opts["max_programs"], opts["max_pools"])
+    policy = wire.RequestPolicy(frozenset(opts["allowed_envs"]), opts["allowed_env_kwargs"],
+                                opts["max_slot"], max_envs=opts["max_envs"],
+                                max_rollout_mb=opts["max_rollout_mb"])
+    conn.send_bytes(b"ready")
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):  # the server is gone
+            return
+        status, payload = _answer(worker, policy, opts["max_bytes"], message)
+        stats = json.dumps(worker.stats()).encode()
+        conn.send_bytes(_REPLY.pack(status, len(stats)) + stats + payload)
+
+
+def _answer(worker, policy, max_bytes: int, message: bytes) -> tuple:
+    """`(status, payload)`: the msgpack response, or a JSON error naming the field."""
+    from jaxrl_dist.backends import wire
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.envs import EnvMakeError
+
+    flags, received = _HEAD.unpack_from(message)
+    try:
+        return 200, _rollout(worker, policy, max_bytes, message[_HEAD.size:], flags, received)
+    except wire.BodyTooLarge as err:
+        status, text = 413, str(err)
+    except wire.MalformedBody as err:
+        status, text = 400, str(err)
+    except (wire.ShardError, EnvMakeError, ConfigError) as err:
+        status, text = 422, " ".join(str(err).split())[:500]
+    except Exception as err:  # a bug: one line back, the traceback in the log
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        status, text = 500, f"internal error: {_one_line(err)}"
+    return status, _json({"error": text})
+
+
+def _rollout(worker, policy, max_bytes: int, body: bytes, flags: int, received: float) -> bytes:
+    """Decode, check, run and encode one shard (in the worker process)."""
+    from jaxrl_dist.backends import wire
+    from jaxrl_dist.backends.shard import Timings
+
+    spec, data = wire.decode_request_head(body, bool(flags & 1), max_bytes, policy)
+    req = wire.decode_request_for(worker, spec, data)
+    wire.check_rollout_size(spec, worker.program(spec, req.slot, req.seed).env.spec, policy)
+    out, t, reset = worker.run(spec, req.params, req.actor, req.key, req.slot,
+                               req.run_id, req.seed, received)
+    finished = time.time()
+    timings = Timings(t.received, t.started, finished, _billed(t.received, finished))
+    return wire.encode_response(req.slot, out, timings, reset, worker.name, bool(flags & 2))
 
 
 def _json(data: dict) -> bytes:
@@ -211,7 +412,72 @@ def serve(cfg: ServeConfig) -> None:
     app = create_app(cfg)
     if app.token is None:
         print("warning: serving without authentication (serve.token is empty)", flush=True)
-    uvicorn.run(app, host=cfg.host, port=port, log_level="warning", lifespan="on")
+    uvicorn.run(app, host=cfg.host, port=port, log_level="warning", lifespan="on",
+                http=header_timeout_protocol(cfg.header_timeout_s), timeout_keep_alive=5,
+                h11_max_incomplete_event_size=16 * 1024)
+
+
+_TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+
+
+def _close_late(proto, timeout_s: float) -> None:
+    """Close `proto`'s connection whose request headers are late (408 if it began one)."""
+    if proto.cycle is not None and not proto.cycle.response_complete:
+        return  # headers are in; the app's body timeout takes over
+    if not proto.transport.is_closing():
+        if proto._started:  # a request begun and never finished is told why
+            why = f"headers: not received within serve.header_timeout_s={timeout_s:g} s"
+            body = _json({"error": why})
+            proto.transport.write(_TIMEOUT_408 % (len(body), body))
+        proto.transport.close()
+
+
+def header_timeout_protocol(timeout_s: float):
+    """uvicorn's h11 protocol, closing a connection whose request headers are not all in
+    within `timeout_s` of it opening or of its last response (uvicorn's own keep-alive
+    timer stops at the first byte, so a client trickling headers would hold it forever)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        _header_timer = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._started = False  # no byte of the next request yet: an idle keep-alive
+            self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            _close_late(self, timeout_s)
+
+        def data_received(self, data: bytes) -> None:
+            self._started = True
+            super().data_received(data)
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutH11
 
 
 def free_port(host: str = "127.0.0.1") -> int:

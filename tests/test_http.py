@@ -363,3 +363,20 @@ def test_a_token_comes_from_a_file_or_the_environment_and_is_never_saved(tmp_pat
     assert out.stderr.strip().splitlines() == [
         "error: backend.token: a token is not taken on the command line (it would be saved in "
         ".hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH"]
+
+
+@pytest.mark.slow
+def test_busy_answers_are_retried_after_their_retry_after(tmp_path, local_digest):
+    """One instance that takes one request at a time (serve.max_concurrent=1) and two
+    shards a round: the second is answered 503 + Retry-After, the backend waits and
+    retries, and the run ends with the local backend's params."""
+    from jaxrl_dist.trainers.runner import train
+
+    busy = Server("serve.max_concurrent=1", "serve.allowed_envs=[CartPole-v1]")
+    try:
+        summary = train(tiny(tmp_path, [busy.url], max_retries=6))
+        health = httpx.get(busy.url + "/healthz").json()
+    finally:
+        busy.stop()
+    assert summary["params_sha256"] == local_digest
+    assert health["busy"] >= 1 and summary["retries"] >= health["busy"]

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import math
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -29,11 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.core import rng
-from jaxrl_dist.config import Config, derive
-from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.config import Config, ConfigError, derive
+from jaxrl_dist.core import networks
+from jaxrl_dist.core.networks import BUILTIN, NETWORKS, is_frame_stack, make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import ActorState, Transition
-from jaxrl_dist.envs import make_env
+from jaxrl_dist.envs import SUITES, EnvMakeError, make_env
+from jaxrl_dist.registry import options as plugin_options
 
 # fold_in streams under the run's seed key
 _SHARD_STREAM, _LEARN_STREAM, _SLOT_INIT_STREAM = 0, 1, 2
@@ -70,16 +75,17 @@ class ShardSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "ShardSpec":
-        """Build from untrusted plain data; `ShardError` names the bad field."""
+        """Build from untrusted plain data; `ShardError` names the bad field. Every field is
+        typed and bounded, and names (suite, network, activation) must be registered here."""
         if not isinstance(data, dict):
             raise ShardError("spec: expected a mapping")
         kinds = {"env_id": str, "suite": str, "num_envs": int, "num_steps": int, "network": str,
                  "hidden_sizes": (list, tuple), "activation": str, "normalize_obs": bool,
                  "normalize_reward": bool, "gamma": float, "clip_obs": float,
                  "clip_reward": float, "env_kwargs": str, "num_threads": int, "network_options": str}
-        unknown = set(data) - set(kinds)
+        unknown = [k for k in data if k not in kinds]
         if unknown:
-            raise ShardError(f"spec.{sorted(unknown)[0]}: unknown field")
+            raise ShardError(f"spec.{str(unknown[0])[:64]}: unknown field")
         values = {}
         for name, kind in kinds.items():
             if name not in data:
@@ -87,9 +93,13 @@ class ShardSpec:
                     continue
                 raise ShardError(f"spec.{name}: missing")
             values[name] = _checked(data[name], kind, f"spec.{name}")
+        if len(values["hidden_sizes"]) > MAX_LAYERS:
+            raise ShardError(f"spec.hidden_sizes: at most {MAX_LAYERS} layers, "
+                             f"got {len(values['hidden_sizes'])}")
         values["hidden_sizes"] = tuple(_checked(h, int, "spec.hidden_sizes") for h in values["hidden_sizes"])
         spec = cls(**values)
         spec.check_limits()
+        spec.check_names()
         return spec
 
     def check_limits(self) -> None:
@@ -99,15 +109,75 @@ class ShardSpec:
             raise ShardError(f"spec.num_steps must be in 1..4096, got {self.num_steps}")
         if not 0 <= self.num_threads <= 64:
             raise ShardError(f"spec.num_threads must be in 0..64, got {self.num_threads}")
-        if self.suite not in ("gymnax", "envpool"):
-            raise ShardError(f"spec.suite must be gymnax or envpool, got {self.suite!r}")
         if not self.hidden_sizes or any(not 0 < h <= 4096 for h in self.hidden_sizes):
             raise ShardError(f"spec.hidden_sizes must be sizes in 1..4096, got {list(self.hidden_sizes)}")
+        if not (math.isfinite(self.gamma) and 0.0 <= self.gamma <= 1.0):
+            raise ShardError(f"spec.gamma must be a finite number in [0, 1], got {self.gamma}")
+        for name in ("clip_obs", "clip_reward"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 < value <= MAX_CLIP):
+                raise ShardError(f"spec.{name} must be a finite number in (0, {MAX_CLIP:g}], got {value}")
+        for name in ("env_id", "suite", "network", "activation"):
+            if not 0 < len(getattr(self, name)) <= MAX_NAME:
+                raise ShardError(f"spec.{name}: expected 1..{MAX_NAME} characters")
+        for name in ("env_kwargs", "network_options"):
+            json_object(getattr(self, name), f"spec.{name}")
+
+    def check_names(self) -> None:
+        """Suite, network and activation are names registered in this process; a plugin
+        network's options are checked by its own `Options`."""
+        _check_names(self.suite, self.network, self.activation, self.network_options)
 
     @property
     def sticky(self) -> bool:
         """Whether a slot's env state stays on the worker that runs it."""
         return self.suite == "envpool"
+
+
+MAX_LAYERS = 8  # hidden layers a request may ask for
+MAX_CLIP = 1e6
+MAX_NAME = 128  # characters of an env id, suite, network or activation name
+MAX_JSON = 4096  # characters of a JSON field (env_kwargs, network_options)
+ACTIVATIONS = tuple(networks._ACTIVATIONS)  # what the built-in networks take (algo.activation)
+
+
+def json_object(text: str, name: str) -> dict:
+    """A spec's JSON field as a flat object of scalars (nested values are refused: nothing
+    a request sends needs them, and they are how a parser is made to recurse)."""
+    if len(text) > MAX_JSON:
+        raise ShardError(f"{name}: over {MAX_JSON} characters")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ShardError(f"{name}: not valid JSON") from None
+    if not isinstance(value, dict):
+        raise ShardError(f"{name}: expected a JSON object, got {type(value).__name__}")
+    for key, item in value.items():
+        if isinstance(item, (dict, list)):
+            raise ShardError(f"{name}.{key[:64]}: expected a scalar, got {type(item).__name__}")
+    return value
+
+
+@functools.lru_cache(maxsize=256)  # plugins are found once per process: a registry scan is slow
+def _check_names(suite: str, network: str, activation: str, network_options: str) -> None:
+    if suite not in SUITES.names():
+        raise ShardError(f"spec.suite: {suite[:64]!r} is not a registered env suite "
+                         f"({', '.join(SUITES.names())})")
+    if network not in NETWORKS.names():
+        raise ShardError(f"spec.network: {network[:64]!r} is not a registered network "
+                         f"({', '.join(NETWORKS.names())})")
+    if activation not in ACTIVATIONS:
+        raise ShardError(f"spec.activation: {activation[:64]!r} is not one of {', '.join(ACTIVATIONS)}")
+    options = json_object(network_options, "spec.network_options")
+    if network in BUILTIN:
+        if options:
+            raise ShardError(f"spec.network_options.{sorted(options)[0][:64]}: the built-in "
+                             "networks take no options")
+        return
+    try:
+        plugin_options(NETWORKS.get(network), options, "spec.network_options")
+    except ConfigError as err:
+        raise ShardError(str(err)) from err
 
 
 def _checked(value, kind, name: str):
@@ -179,8 +249,15 @@ class ShardProgram:
 
     def __init__(self, spec: ShardSpec, env_seed: int = 0):
         self.spec = spec
-        self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
-                            json.loads(spec.env_kwargs))
+        try:
+            self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
+                                json.loads(spec.env_kwargs))
+        except EnvMakeError as err:  # name the spec's field, as for every other bad value
+            field = "env_kwargs" if "env.kwargs" in str(err) else "env_id"
+            raise ShardError(f"spec.{field}: {' '.join(str(err).split())}") from err
+        if spec.network == "cnn" and not is_frame_stack(self.env.spec.obs_shape):
+            raise ShardError(f"spec.network: 'cnn' needs [C, H, W] frames of at least 36x36; "
+                             f"{spec.env_id} observes {list(self.env.spec.obs_shape)}")
         self.network = make_network(self.env.spec, spec.network, spec.hidden_sizes, spec.activation,
                                     json.loads(spec.network_options))
         self._stacked = {}
@@ -243,32 +320,92 @@ class ShardProgram:
         return self._one(params, actor, key)
 
 
+class _Lru:
+    """A dict that keeps its `limit` most recently used entries (None: all), counting evictions."""
+
+    def __init__(self, limit: Optional[int] = None):
+        self.limit, self.evicted = limit, 0
+        self.items: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        if key in self.items:
+            self.items.move_to_end(key)
+        return self.items.get(key)
+
+    def put(self, key, value) -> list:
+        """Store `value`; returns the keys evicted to make room."""
+        self.items[key] = value
+        self.items.move_to_end(key)
+        gone = []
+        while self.limit is not None and len(self.items) > self.limit:
+            gone.append(self.items.popitem(last=False)[0])
+        self.evicted += len(gone)
+        return gone
+
+
+def _shape_key(spec: ShardSpec) -> ShardSpec:
+    """`spec` less what does not change the params' or a slot's shapes (rollout length,
+    discount, clipping, normalisation flags, threads): specs that differ only there share
+    their templates."""
+    return dataclasses.replace(spec, num_steps=1, gamma=0.0, clip_obs=1.0, clip_reward=1.0,
+                               normalize_obs=False, normalize_reward=False, num_threads=0)
+
+
 class ShardWorker:
     """Runs shards of any spec: one compiled program per spec, and the slots it keeps.
 
     Every backend's worker side is this class: the local backend's envpool
     slots, each Ray actor, and each HTTP function instance. For a sticky
     (envpool) spec each slot needs its own C++ env pool, so programs are
-    keyed by `(spec, slot)` there.
+    keyed by `(spec, slot)` there. `max_programs` and `max_pools` bound what a
+    long-lived worker (the actor function) keeps: least recently used first out.
     """
 
-    def __init__(self, name: str = "local"):
+    def __init__(self, name: str = "local", max_programs: Optional[int] = None,
+                 max_pools: Optional[int] = None):
         self.name = name
-        self._programs: dict = {}
-        self._slots: dict = {}
+        self._programs = _Lru(max_programs)  # stateless specs: spec -> program
+        self._pools = _Lru(max_pools)  # sticky specs: (spec, slot) -> program with its env pool
+        self._templates = _Lru(max_programs)  # spec -> (params, actor) templates
+        self._slots: dict = {}  # (spec, slot) -> (run_id, the slot's state)
         self._lock = threading.Lock()
 
     def program(self, spec: ShardSpec, slot: int = 0, env_seed: int = 0) -> ShardProgram:
-        key = (spec, slot if spec.sticky else None)
+        cache, key = (self._pools, (spec, slot)) if spec.sticky else (self._programs, spec)
         with self._lock:
-            if key not in self._programs:
-                self._programs[key] = ShardProgram(spec, env_seed + (slot if spec.sticky else 0))
-            return self._programs[key]
+            prog = cache.get(key)
+            if prog is None:
+                prog = ShardProgram(spec, env_seed + (slot if spec.sticky else 0))
+                for gone in cache.put(key, prog):
+                    self._slots.pop(gone, None)  # its envs went with the pool
+            return prog
+
+    def templates(self, spec: ShardSpec, slot: int = 0, env_seed: int = 0) -> tuple:
+        """`(params, actor)` templates of `spec`, kept per spec: a sticky spec builds
+        one env pool for them once, not one per slot a request names."""
+        shape = _shape_key(spec)
+        with self._lock:
+            found = self._templates.get(shape)
+        if found is None:
+            prog = self.program(spec, slot, env_seed)
+            found = (prog.params_template(), prog.actor_template())
+            with self._lock:
+                self._templates.put(shape, found)
+        return found
+
+    def _all(self) -> list:
+        with self._lock:
+            return list(self._programs.items.values()) + list(self._pools.items.values())
 
     def compiled(self) -> int:
         """Compiled rollout executables held (one per spec and shapes)."""
-        return sum(fn._cache_size() for p in list(self._programs.values())
-                   for fn in [p._one, *p._stacked.values()])
+        return sum(fn._cache_size() for p in self._all() for fn in [p._one, *p._stacked.values()])
+
+    def stats(self) -> dict:
+        """What the worker holds and what it evicted, for a health check."""
+        return {"compiled": self.compiled(), "programs": len(self._programs.items),
+                "pools": len(self._pools.items), "evicted_programs": self._programs.evicted,
+                "evicted_pools": self._pools.evicted}
 
     def run(self, spec: ShardSpec, params, actor: Optional[ActorState], key, slot: int,
             run_id: str = "", seed: int = 0, received: Optional[float] = None):
@@ -284,13 +421,13 @@ class ShardWorker:
         with prog.lock if spec.sticky else contextlib.nullcontext():
             started = time.time()
             if spec.sticky:
-                actor = self._slots.get((run_id, slot))
-                if actor is None:
+                owner, actor = self._slots.get((spec, slot), (None, None))
+                if actor is None or owner != run_id:  # another run's envs are not this one's
                     actor, reset = prog.init_slot(slot_init_key(seed, slot)), True
             out = prog.run_one(params, actor, key)
             jax.block_until_ready(out)
             if spec.sticky:
-                self._slots[(run_id, slot)] = out.actor
+                self._slots[(spec, slot)] = (run_id, out.actor)
                 out = out._replace(actor=None)
         finished = time.time()
         return out, Timings(received, started, finished, finished - received), reset

@@ -8,13 +8,14 @@ wrong structure, shape or dtype is a `ShardError` naming the field.
 """
 from __future__ import annotations
 
+import math
 import zlib
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import numpy as np
 
-from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings
+from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings, json_object
 
 VERSION = 1
 
@@ -112,10 +113,22 @@ def _field(data: dict, name: str, kind):
     return value
 
 
+def _no_extra_keys(want, got, name: str) -> None:
+    """Refuse keys the template lacks (flax would drop them silently); the walk follows
+    the template, so its depth is the template's."""
+    if not isinstance(want, dict) or not isinstance(got, dict):
+        return
+    for key in got:
+        if key not in want:
+            raise ShardError(f"{name}.{str(key)[:64]}: unknown field")
+        _no_extra_keys(want[key], got[key], f"{name}.{key}")
+
+
 def restore(template, data, name: str):
     """`data` (a state dict from the wire) as `template`'s pytree, every leaf checked."""
     from flax import serialization
 
+    _no_extra_keys(serialization.to_state_dict(template), data, name)
     try:
         tree = serialization.from_state_dict(template, data)
     except Exception as err:
@@ -175,12 +188,105 @@ class RequestEncoder:
         return deflate_piece(head) + self._tail_z + _FINAL_EMPTY_BLOCK
 
 
-def decode_request_head(body: bytes, compressed: bool, max_bytes: int):
-    """The untrusted body as `(spec, data)`: the spec checked, the arrays not yet."""
+class RequestPolicy(NamedTuple):
+    """What a worker accepts beyond the schema itself: env ids (None: any), per env the
+    env_kwargs keys and the values each may take (`serve.allowed_env_kwargs`), slots."""
+
+    allowed_envs: Optional[frozenset] = None
+    allowed_env_kwargs: Mapping = {}
+    max_slot: int = 1 << 20
+    max_run_id: int = 128
+    max_envs: int = 4096  # envs a shard may ask for (an envpool pool holds one emulator each)
+    max_rollout_mb: float = float("inf")  # a shard's trajectory, estimated from its env's spaces
+
+
+HEAD_FIELDS = ("v", "spec", "slot", "run_id", "seed", "round", "key", "actor", "params")
+_INT_RANGES = {"seed": (0, 2**31 - 1), "round": (0, 2**31 - 1)}
+
+
+def _short(value) -> str:
+    return repr(value)[:64] if isinstance(value, (int, float, str, bool, type(None))) \
+        else type(value).__name__
+
+
+def decode_request_head(body: bytes, compressed: bool, max_bytes: int,
+                        policy: RequestPolicy = RequestPolicy()):
+    """The untrusted body as `(spec, data)`: the spec and every plain field checked
+    against the schema and `policy`, the arrays not yet (they need the program's templates)."""
     data = _unpack(body, compressed, max_bytes)
-    if data.get("v") != VERSION:
-        raise MalformedBody(f"v: expected wire version {VERSION}, got {data.get('v')!r}")
-    return ShardSpec.from_dict(data.get("spec")), data
+    v = data.get("v")
+    if type(v) is not int or v != VERSION:  # True == 1, so the type is checked too
+        raise MalformedBody(f"v: expected wire version {VERSION}, got {_short(v)}")
+    unknown = [k for k in data if k not in HEAD_FIELDS]
+    if unknown:
+        raise ShardError(f"{str(unknown[0])[:64]}: unknown field")
+    spec = ShardSpec.from_dict(data.get("spec"))
+    check_policy(spec, data, policy)
+    return spec, data
+
+
+def check_policy(spec: ShardSpec, data: dict, policy: RequestPolicy) -> None:
+    """Env id, env_kwargs, slot, seed, round and run_id against the worker's policy."""
+    if policy.allowed_envs is not None and spec.env_id not in policy.allowed_envs:
+        raise ShardError(f"spec.env_id: {spec.env_id[:64]!r} is not in serve.allowed_envs")
+    check_env_kwargs(spec.env_id, json_object(spec.env_kwargs, "spec.env_kwargs"),
+                     policy.allowed_env_kwargs)
+    if spec.num_envs > policy.max_envs:
+        raise ShardError(f"spec.num_envs: over serve.max_envs={policy.max_envs}: {spec.num_envs}")
+    slot = _field(data, "slot", int)
+    if not 0 <= slot < policy.max_slot:
+        raise ShardError(f"slot: out of range 0..{policy.max_slot - 1}: {slot}")
+    for name, (low, high) in _INT_RANGES.items():
+        value = _field(data, name, int)
+        if not low <= value <= high:
+            raise ShardError(f"{name}: out of range {low}..{high}: {value}")
+    run_id = _field(data, "run_id", str)
+    if len(run_id) > policy.max_run_id:
+        raise ShardError(f"run_id: over {policy.max_run_id} characters")
+    _key(data)
+    if spec.sticky and data.get("actor") is not None:
+        raise ShardError("actor: must be null for an envpool spec (the worker keeps it)")
+    if not spec.sticky:
+        _field(data, "actor", dict)
+
+
+def check_rollout_size(spec: ShardSpec, env_spec, policy: RequestPolicy) -> None:
+    """A shard's `[T, B]` trajectory (observations and a few scalars per step) must fit in
+    `policy.max_rollout_mb`: checked once the env's spaces are known, before any compile."""
+    per_step = int(np.prod(env_spec.obs_shape)) * np.dtype(env_spec.obs_dtype).itemsize + 64
+    mb = spec.num_steps * spec.num_envs * per_step / 2**20
+    if mb > policy.max_rollout_mb:
+        raise ShardError(f"spec.num_steps: {spec.num_steps} steps x {spec.num_envs} envs is "
+                         f"~{mb:.0f} MB of trajectory, over serve.max_rollout_mb={policy.max_rollout_mb:g}")
+
+
+def check_env_kwargs(env_id: str, kwargs: dict, rules: Mapping) -> None:
+    """Each key must be allowed for `env_id` by the server's rules, its value of the rule's
+    type and within its bounds: `"bool"`, `{min, max}` or `{choices: [...]}`."""
+    allowed = rules.get(env_id) or {}
+    for key, value in kwargs.items():
+        name = f"spec.env_kwargs.{key[:64]}"
+        rule = allowed.get(key)
+        if rule is None:
+            raise ShardError(f"{name}: not allowed for {env_id[:64]} (serve.allowed_env_kwargs)")
+        if rule == "bool":
+            if not isinstance(value, bool):
+                raise ShardError(f"{name}: expected a bool, got {_short(value)}")
+        elif "choices" in rule:
+            if not any(type(value) is type(c) and value == c for c in rule["choices"]):
+                raise ShardError(f"{name}: expected one of {list(rule['choices'])}, got {_short(value)}")
+        else:
+            _check_bounded(value, rule, name)
+
+
+def _check_bounded(value, rule: Mapping, name: str) -> None:
+    low, high = rule["min"], rule["max"]
+    integral = isinstance(low, int) and isinstance(high, int)
+    kinds = (int,) if integral else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ShardError(f"{name}: expected {'an int' if integral else 'a number'}, got {_short(value)}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ShardError(f"{name}: must be in [{low}, {high}], got {_short(value)}")
 
 
 def decode_request(spec: ShardSpec, data: dict, params_template, actor_template) -> ShardRequest:
@@ -188,9 +294,7 @@ def decode_request(spec: ShardSpec, data: dict, params_template, actor_template)
     slot = _field(data, "slot", int)
     if not 0 <= slot < 1 << 20:
         raise ShardError(f"slot: out of range: {slot}")
-    key = _field(data, "key", np.ndarray)
-    if key.shape != (2,) or key.dtype != np.uint32:
-        raise ShardError(f"key: expected uint32[2], got {key.dtype}{list(key.shape)}")
+    key = _key(data)
     params = restore(params_template, _field(data, "params", dict), "params")
     actor = data.get("actor")
     if spec.sticky:
@@ -203,12 +307,22 @@ def decode_request(spec: ShardSpec, data: dict, params_template, actor_template)
 
 
 def decode_request_for(worker, spec: ShardSpec, data: dict) -> ShardRequest:
-    """The rest of a request, checked against the templates of `worker`'s program for
-    `spec` (built on first use; a slot or seed that is not an int is caught by the check)."""
+    """The rest of a request, checked against `worker`'s templates for `spec`. The key is
+    checked first, and a sticky spec's env pool is built only once the arrays have passed
+    (`ShardWorker.templates` builds one program per spec for its shapes)."""
+    _key(data)
+    _field(data, "params", dict)
     slot = data.get("slot") if isinstance(data.get("slot"), int) else 0
     seed = data.get("seed") if isinstance(data.get("seed"), int) else 0
-    prog = worker.program(spec, slot, seed)
-    return decode_request(spec, data, prog.params_template(), prog.actor_template())
+    params_t, actor_t = worker.templates(spec, slot, seed)
+    return decode_request(spec, data, params_t, actor_t)
+
+
+def _key(data: dict) -> np.ndarray:
+    key = _field(data, "key", np.ndarray)
+    if key.shape != (2,) or key.dtype != np.uint32:
+        raise ShardError(f"key: expected uint32[2], got {key.dtype}{list(key.shape)}")
+    return key
 
 
 def encode_params(params) -> bytes:
