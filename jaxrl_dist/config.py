@@ -60,6 +60,9 @@ class AlgoConfig:
 class RunConfig:
     dir: Optional[str] = None  # run directory; default outputs/DATE/TIME
     checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
+    # seconds of training between checkpoints (checked between chunks, rounds or
+    # updates), so an interrupted default run can resume; 0: off
+    checkpoint_every_s: float = 300.0
     resume: Optional[str] = None  # a run directory to continue
     compile_cache: bool = True
     progress: bool = True
@@ -404,6 +407,8 @@ def _check_positive(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if cfg.run.checkpoint_every < 0:
         raise ConfigError(f"run.checkpoint_every must be >= 0, got {cfg.run.checkpoint_every}")
+    if not cfg.run.checkpoint_every_s >= 0:  # NaN too
+        raise ConfigError(f"run.checkpoint_every_s must be >= 0 (0: off), got {cfg.run.checkpoint_every_s}")
     if any(h <= 0 for h in cfg.algo.hidden_sizes) or not cfg.algo.hidden_sizes:
         raise ConfigError(f"algo.hidden_sizes must be positive sizes, got {list(cfg.algo.hidden_sizes)}")
 

@@ -359,9 +359,7 @@ class AsyncTrainer:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
         state = AsyncState(init_train(self.learner, self.cfg.seed), data, np.zeros((), np.int32),
                            np.zeros((M,), np.int32), fresh_clock())
-        if resuming and self.ckpt.latest_step() is not None:
-            state = self.ckpt.restore(state)
-        return state
+        return self.ckpt.restore_latest(state) if resuming else state
 
     # -- learner -----------------------------------------------------------
 
@@ -425,6 +423,7 @@ class AsyncTrainer:
                                  daemon=True, name="jaxrl-dist-books")
         self._warm = self._warm_learner(train)
         self._actors_on(train, version)
+        self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         books.start()
         try:
             while self._stop(version, env_steps) is None:
@@ -492,7 +491,7 @@ class AsyncTrainer:
         """The late stop conditions, the checkpoint and the balance step of an update."""
         cfg, a = self.cfg, self.cfg.asynchronous
         self._late_stop = self._late_stop or self._stop_late(so_far)
-        if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
+        if (cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0) or self.ckpt.due():
             self._save_async(train, version)
         if a.balance and version % a.balance_every == 0:
             self.pool.set_active(self.balancer.step())
