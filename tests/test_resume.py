@@ -146,3 +146,52 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(finished_run, 
     assert (run_dir / checkpoint.DAMAGED_SUBDIR / str(newest)).is_dir()
     assert finished_steps(run_dir)[-1] == newest
     assert checkpoint.manifest_problem(run_dir / "checkpoints" / str(newest)) is None
+
+
+# --- bad config.yaml, run dir, URL: exit 2, one line, before anything compiles --------------
+
+
+def _bad_inputs(root: Path) -> list:
+    """`(overrides, what the line must name)` for each kind of bad input, made under `root`."""
+    for name, text in (("notyaml", "env: [1,\n  x: {"), ("list", "- 1\n- 2\n"),
+                       ("unknown", "env:\n  id: CartPole-v1\nbogus: 3\n")):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.yaml").write_text(text)
+    (root / "file").write_text("not a directory")
+    cases = [([f"run.resume={root / n}"], str(root / n / "config.yaml")) for n in ("notyaml", "list", "unknown")]
+    cases += [([f"run.dir={root / 'file'}"], str(root / "file")),
+              ([f"run.dir={root / 'file' / 'sub'}"], str(root / "file" / "sub")),
+              (["run.dir=/proc/jaxrl-dist-run"], "/proc/jaxrl-dist-run"),  # nothing can be made there
+              (["run.resume=/proc/self"], "run.resume"),  # not a run dir
+              (["trainer=sync", "backend=http", "backend.urls=[not-a-url]"], "backend.urls[0]"),
+              (["trainer=sync", "backend=http", "backend.urls=[http://127.0.0.1:8000,http://h:99999]"],
+               "backend.urls[1]")]
+    return cases
+
+
+def test_bad_run_dirs_config_files_and_urls_are_one_line_exit_2(tmp_path, capsys):
+    """In process (the same `main` the console script runs): fast, every case."""
+    from jaxrl_dist import cli
+
+    for overrides, named in _bad_inputs(tmp_path):
+        code = cli.main(["train", "run.progress=false", *overrides])
+        out = capsys.readouterr()
+        lines = [x for x in (out.out + out.err).splitlines() if x.strip()]
+        assert code == 2, (overrides, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], (overrides, lines)
+    assert not list(tmp_path.glob("**/.hydra")) and not list(tmp_path.glob("**/metrics.jsonl"))
+
+
+@pytest.mark.slow  # a CLI process per case; the in-process test above checks every case too
+def test_the_cli_process_says_one_line_and_exits_2(tmp_path):
+    cases = _bad_inputs(tmp_path)
+    start = time.perf_counter()
+    procs = [subprocess.Popen(command() + ["train", "run.progress=false", *o], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=cli_env()) for o, _ in cases]
+    for proc, (overrides, named) in zip(procs, cases):
+        out, err = proc.communicate(timeout=300)
+        lines = [x for x in (out + err).splitlines() if x.strip()]
+        assert proc.returncode == 2, (overrides, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], (overrides, lines)
+    assert not list(tmp_path.glob("**/.hydra")) and not list(tmp_path.glob("**/metrics.jsonl"))
+    assert time.perf_counter() - start < 240  # nothing compiled
