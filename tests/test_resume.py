@@ -32,7 +32,7 @@ SYNC = {"trainer": "sync", "algo": {"num_steps": 16, "total_timesteps": 2 * 64 *
 ASYNC = {**{k: v for k, v in SYNC.items() if k != "scheduler"}, "trainer": "async",
          "async": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}
 TRAINERS = {"fused": (FUSED, 10), "sync": (SYNC, 2), "async": (ASYNC, 2)}  # config, run.checkpoint_every
-KINDS = ["truncate", "garbage", "delete", "empty", "unverified"]
+KINDS = ["truncate", "overwrite", "garbage", "delete", "empty", "unverified"]
 
 
 def _largest_file(step: Path) -> Path:
@@ -45,6 +45,9 @@ def damage(step: Path, kind: str) -> None:
     if kind == "truncate":  # the largest file (parameters): orbax may read it without an error
         f = _largest_file(step)
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif kind == "overwrite":  # the same length of random bytes: no size tells
+        f = _largest_file(step)
+        f.write_bytes(os.urandom(f.stat().st_size))
     elif kind == "garbage":  # orbax's metadata overwritten
         f = step / checkpoint.ITEM / "_METADATA"
         f.write_bytes(os.urandom(f.stat().st_size))
