@@ -287,3 +287,17 @@ def test_a_run_killed_at_a_random_point_resumes_exactly(name, point, tmp_path, t
     assert resumed["params_sha256"] == twins(name)["params_sha256"]
     if name.startswith("async"):
         assert_every_chunk_once(recs)
+
+
+def test_the_async_ledger_only_moves_forward():
+    """An update that learns a slot's chunk 9 and drops its older chunk 8: the checkpoint
+    counts 10 chunks made on that slot, with the state after chunk 9 (a resumed run that
+    restarted at chunk 9 would learn it twice)."""
+    from jaxrl_dist.trainers.asynchronous import Chunk, advance_ledger
+
+    def chunk(slot, index):
+        return Chunk(slot, index, 0, type("Out", (), {"actor": f"after {slot}/{index}"})(), None, {}, 1.0, 0.0)
+
+    states, counts = {}, [0, 0, 9]
+    advance_ledger(states, counts, [chunk(0, 0), chunk(2, 9), chunk(2, 8)])
+    assert counts == [1, 0, 10] and states == {0: "after 0/0", 2: "after 2/9"}

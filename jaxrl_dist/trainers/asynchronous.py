@@ -335,6 +335,18 @@ def actor_range(cfg: Config, backend) -> tuple:
     return first, top
 
 
+def advance_ledger(states: dict, counts: list, chunks: list) -> None:
+    """Move each slot's checkpointed state and chunk count past the chunks taken, only
+    forward: an update lists its learned chunks, then its dropped ones, and a dropped
+    chunk can be older than a learned one of its slot (a slot's chunks arrive in order,
+    so every older one has been taken by then). Moving back would make a resumed run
+    learn the newer chunk twice."""
+    for c in chunks:
+        if c.index + 1 > counts[c.slot]:
+            states[c.slot] = c.output.actor
+            counts[c.slot] = c.index + 1
+
+
 class AsyncTrainer:
     """The async run: the shared parts (learner, backend, checkpointer), an actor pool
     with its staleness gate, and a balancer; `run()` trains to the end."""
@@ -498,9 +510,7 @@ class AsyncTrainer:
 
     def _take(self, chunks: list) -> None:
         """Move the checkpointed slot states and counts past chunks the learner took."""
-        for c in chunks:
-            self._ledger[c.slot] = c.output.actor
-            self._ledger_counts[c.slot] = c.index + 1
+        advance_ledger(self._ledger, self._ledger_counts, chunks)
 
     def _stop(self, version: int, env_steps: int) -> Optional[str]:
         """Why the learner stops before update `version + 1` (None: go on): the step
