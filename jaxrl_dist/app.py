@@ -177,7 +177,7 @@ def _check(overrides: Sequence[str], args) -> None:
         if sweeps:
             raise CliConfigError(f"{sweeps[0].input_line}: a sweep; run it with -m (multirun)")
         cfg = load_config(ours, dirs, name)
-        _check_fresh(cfg, [o for o in overrides if o not in ours])
+        _check_run_dir(cfg, [o for o in overrides if o not in ours])
         return
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     compose(fixed, dirs, name)
@@ -191,18 +191,24 @@ def _check(overrides: Sequence[str], args) -> None:
             compose(fixed + [f"{prefix}{o.get_key_element()}={value}"], dirs, name)
 
 
-def _check_fresh(cfg, hydra_overrides: Sequence[str]) -> None:
-    """A new run's directory holds no run yet (Hydra would write `.hydra/` over its)."""
+def _check_run_dir(cfg, hydra_overrides: Sequence[str]) -> None:
+    """The run directory can take the run (Hydra would write `.hydra/` there first): a
+    new run's is writable and holds no run yet; a resumed run's `config.yaml` loads."""
     from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.trainers.rundir import check_fresh
+    from jaxrl_dist.trainers.checkpoint import load_run_config
+    from jaxrl_dist.trainers.rundir import check_fresh, check_usable
 
     given = dict(o.split("=", 1) for o in hydra_overrides if o.startswith("hydra.run.dir="))
     run_dir = given.get("hydra.run.dir") or cfg.run.dir
-    if run_dir and not cfg.run.resume:
-        try:
+    try:
+        if cfg.run.resume:
+            load_run_config(cfg.run.resume)
+            check_usable(cfg.run.resume, "run.resume")
+        elif run_dir:
+            check_usable(run_dir)
             check_fresh(run_dir)
-        except ConfigError as err:
-            raise CliConfigError(str(err)) from None
+    except ConfigError as err:
+        raise CliConfigError(str(err)) from None
 
 
 def _implied(overrides: Sequence[str], multirun: bool) -> list:

@@ -31,6 +31,7 @@ overrides (Hydra syntax):
   env.kwargs.NAME=VALUE extra arguments to the env maker
   run.dir=DIR           run directory (default outputs/YYYY-MM-DD/HH-MM-SS)
   run.checkpoint_every=N  checkpoint every N updates (and at the end)
+  run.checkpoint_every_s=S  and after every S seconds of training (300; 0: off)
   run.resume=DIR        continue the run in DIR from its latest checkpoint, with the
                         config saved there (only run.progress/compile_cache apply)
   run.progress=false run.tensorboard=false run.compile_cache=false

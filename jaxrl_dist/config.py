@@ -60,6 +60,9 @@ class AlgoConfig:
 class RunConfig:
     dir: Optional[str] = None  # run directory; default outputs/DATE/TIME
     checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
+    # seconds of training between checkpoints (checked between chunks, rounds or
+    # updates), so an interrupted default run can resume; 0: off
+    checkpoint_every_s: float = 300.0
     resume: Optional[str] = None  # a run directory to continue
     compile_cache: bool = True
     progress: bool = True
@@ -415,6 +418,8 @@ def _check_positive(cfg: Config) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if cfg.run.checkpoint_every < 0:
         raise ConfigError(f"run.checkpoint_every must be >= 0, got {cfg.run.checkpoint_every}")
+    if not cfg.run.checkpoint_every_s >= 0:  # NaN too
+        raise ConfigError(f"run.checkpoint_every_s must be >= 0 (0: off), got {cfg.run.checkpoint_every_s}")
     if any(h <= 0 for h in cfg.algo.hidden_sizes) or not cfg.algo.hidden_sizes:
         raise ConfigError(f"algo.hidden_sizes must be positive sizes, got {list(cfg.algo.hidden_sizes)}")
 
@@ -442,10 +447,36 @@ def _check_rounds(cfg: Config) -> None:
     _check_split(cfg.algo, shard_batch, "one shard's batch backend.envs_per_shard*algo.num_steps")
     if b.name == "http" and not b.urls:
         raise ConfigError("backend.urls: the http backend needs at least one endpoint")
+    for i, url in enumerate(b.urls):
+        _check_url(url, f"backend.urls[{i}]")
     if b.slowdown < 1.0:
         raise ConfigError(f"backend.slowdown must be >= 1 (a factor), got {b.slowdown}")
     if b.slow_every <= 0:
         raise ConfigError(f"backend.slow_every must be positive, got {b.slow_every}")
+
+
+def _check_url(url, key: str) -> None:
+    """An endpoint is `http(s)://host[:port][/path]`, checked here rather than at the
+    first request, where the error would name the URL but not the key."""
+    from urllib.parse import urlsplit
+
+    why = None
+    if not isinstance(url, str):
+        why = "expected a string"
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # ValueError when not a number in 0..65535
+        except ValueError as err:
+            parts, port, why = None, None, str(err)
+        if parts is not None and parts.scheme not in ("http", "https"):
+            why = "the scheme must be http or https"
+        elif parts is not None and not parts.hostname:
+            why = "no host"
+        elif port == 0:
+            why = "port 0"
+    if why:
+        raise ConfigError(f"{key}: {url!r} is not an http(s) URL like http://HOST:PORT ({why})")
 
 
 def _check_async(cfg: Config) -> None:

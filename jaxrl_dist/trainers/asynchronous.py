@@ -335,6 +335,18 @@ def actor_range(cfg: Config, backend) -> tuple:
     return first, top
 
 
+def advance_ledger(states: dict, counts: list, chunks: list) -> None:
+    """Move each slot's checkpointed state and chunk count past the chunks taken, only
+    forward: an update lists its learned chunks, then its dropped ones, and a dropped
+    chunk can be older than a learned one of its slot (a slot's chunks arrive in order,
+    so every older one has been taken by then). Moving back would make a resumed run
+    learn the newer chunk twice."""
+    for c in chunks:
+        if c.index + 1 > counts[c.slot]:
+            states[c.slot] = c.output.actor
+            counts[c.slot] = c.index + 1
+
+
 class AsyncTrainer:
     """The async run: the shared parts (learner, backend, checkpointer), an actor pool
     with its staleness gate, and a balancer; `run()` trains to the end."""
@@ -359,9 +371,7 @@ class AsyncTrainer:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
         state = AsyncState(init_train(self.learner, self.cfg.seed), data, np.zeros((), np.int32),
                            np.zeros((M,), np.int32), fresh_clock())
-        if resuming and self.ckpt.latest_step() is not None:
-            state = self.ckpt.restore(state)
-        return state
+        return self.ckpt.restore_latest(state) if resuming else state
 
     # -- learner -----------------------------------------------------------
 
@@ -425,6 +435,7 @@ class AsyncTrainer:
                                  daemon=True, name="jaxrl-dist-books")
         self._warm = self._warm_learner(train)
         self._actors_on(train, version)
+        self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         books.start()
         try:
             while self._stop(version, env_steps) is None:
@@ -492,16 +503,14 @@ class AsyncTrainer:
         """The late stop conditions, the checkpoint and the balance step of an update."""
         cfg, a = self.cfg, self.cfg.asynchronous
         self._late_stop = self._late_stop or self._stop_late(so_far)
-        if cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0:
+        if (cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0) or self.ckpt.due():
             self._save_async(train, version)
         if a.balance and version % a.balance_every == 0:
             self.pool.set_active(self.balancer.step())
 
     def _take(self, chunks: list) -> None:
         """Move the checkpointed slot states and counts past chunks the learner took."""
-        for c in chunks:
-            self._ledger[c.slot] = c.output.actor
-            self._ledger_counts[c.slot] = c.index + 1
+        advance_ledger(self._ledger, self._ledger_counts, chunks)
 
     def _stop(self, version: int, env_steps: int) -> Optional[str]:
         """Why the learner stops before update `version + 1` (None: go on): the step

@@ -16,12 +16,30 @@ Checkpoints are written synchronously: the fused chunk donates its input, so
 the arrays must be on disk before the next chunk reuses their buffers. Orbax
 writes each step into a temporary directory and renames it when complete, so
 a run killed mid-write leaves no half checkpoint behind.
+
+Orbax alone cannot tell a damaged checkpoint from a good one: a truncated or
+overwritten data file may restore without an error, other files fail deep in
+the restore. So each step gets a manifest after orbax commits it
+(`MANIFEST`: the sha256 of every file of the step, written to a temporary
+file and renamed). Resuming verifies the newest step against its manifest
+before restoring it; a step without a readable manifest (a run killed between
+the commit and the manifest, or written before manifests) is restored and
+counted damaged on any error. A damaged step is reported in one line and set
+aside under `RUN_DIR/DAMAGED_SUBDIR`, and the run resumes from the newest
+intact one (`restore_latest`).
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 
@@ -31,6 +49,9 @@ from jaxrl_dist.core.types import RunnerState
 CHECKPOINT_SUBDIR = "checkpoints"
 CONFIG_FILE = "config.yaml"
 MAX_TO_KEEP = 3
+MANIFEST = "sha256.json"  # inside each step's directory, beside orbax's files
+DAMAGED_SUBDIR = "damaged_checkpoints"  # where resume sets damaged steps aside
+ITEM = "default"  # the directory of a step's one item (orbax's name for it)
 
 
 def _manager(run_dir: Path):
@@ -43,35 +64,167 @@ def _manager(run_dir: Path):
     return ocp.CheckpointManager(Path(run_dir).resolve() / CHECKPOINT_SUBDIR, options=options)
 
 
-class Checkpointer:
-    """Saves the runner under `RUN_DIR/checkpoints/<update>`; one manager per run."""
+def _file_digests(step_dir: Path) -> dict:
+    """`{relative path: sha256}` of every file of a step but its manifest (and its temp)."""
+    out = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(step_dir).as_posix()
+        if not rel.startswith(MANIFEST):
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
-    def __init__(self, run_dir: Path):
-        self._mngr = _manager(run_dir)
+
+def write_manifest(step_dir: Path) -> None:
+    """Record the step's file digests; temp file + rename, so a manifest is whole or absent."""
+    tmp = step_dir / f"{MANIFEST}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"files": _file_digests(step_dir)}, f, indent=0)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, step_dir / MANIFEST)
+
+
+def manifest_problem(step_dir: Path) -> Optional[str]:
+    """Why a step does not match its manifest (None: it matches, or there is no
+    readable manifest to check it by: `has_manifest` tells which)."""
+    files = _read_manifest(step_dir)
+    if files is None:
+        return None
+    for rel, digest in files.items():
+        path = step_dir / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return f"{rel} does not match its sha256"
+    return None
+
+
+def has_manifest(step_dir: Path) -> bool:
+    return _read_manifest(step_dir) is not None
+
+
+def _read_manifest(step_dir: Path) -> Optional[dict]:
+    try:
+        files = json.loads((step_dir / MANIFEST).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    ok = isinstance(files, dict) and files and all(isinstance(v, str) for v in files.values())
+    return files if ok else None
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax logs (through absl) each failed read of a damaged step, some lines long."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Checkpointer:
+    """Saves the runner under `RUN_DIR/checkpoints/<update>`; one manager per run.
+
+    `every_s` > 0: `due()` says when that many seconds passed since the last save
+    (or `restart_clock()`), for the trainers' time-based checkpoints."""
+
+    def __init__(self, run_dir: Path, every_s: float = 0.0):
+        self.run_dir = Path(run_dir).resolve()
+        with _quiet_orbax():  # it reads the steps' metadata, and logs a damaged one's
+            self._mngr = _manager(run_dir)
         self.seconds = 0.0  # spent in `save`, for the run summary
+        self.every_s, self._last = float(every_s), time.monotonic()
 
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
 
+    def step_dir(self, step: int) -> Path:
+        return self.run_dir / CHECKPOINT_SUBDIR / str(step)
+
+    def restart_clock(self) -> None:
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether a time-based checkpoint is due (`every_s` seconds since the last)."""
+        return self.every_s > 0 and time.monotonic() - self._last >= self.every_s
+
     def save(self, runner, step: Optional[int] = None) -> int:
-        """Write a state pytree at `step` (default: the runner's update counter);
-        skipped if that step exists."""
+        """Write a state pytree at `step` (default: the runner's update counter), then
+        its manifest; skipped if that step exists."""
         import orbax.checkpoint as ocp
 
         start = time.perf_counter()
         step = int(runner.update) if step is None else int(step)
         if step not in self._mngr.all_steps():
             self._mngr.save(step, args=ocp.args.StandardSave(runner))
+            write_manifest(self.step_dir(step))
         self.seconds += time.perf_counter() - start
+        self._last = time.monotonic()
         return step
 
     def restore(self, template, step: Optional[int] = None):
-        """Restore into the structure, dtypes and shardings of a fresh `template` runner."""
+        """Restore into the structure, dtypes and shardings of a fresh `template` runner.
+
+        A checkpointer of its own reads the step's one item (orbax's `default`): the
+        manager, once a damaged step failed, can refuse the intact steps beside it."""
         import orbax.checkpoint as ocp
 
         step = self.latest_step() if step is None else step
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        return self._mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+        with ocp.StandardCheckpointer() as ckptr:
+            return ckptr.restore(self.step_dir(step) / ITEM, abstract)
+
+    def restore_latest(self, template, say: Callable[[str], None] = _say):
+        """The newest intact checkpoint restored into `template`'s structure (`template`
+        itself when there is none). Each damaged step is reported in one line and set
+        aside; then one line says which step the run resumes from. `ConfigError`
+        naming `run.resume` when every step is damaged (nothing is moved then)."""
+        damaged = []
+        for step in sorted(self._mngr.all_steps(), reverse=True):
+            with _quiet_orbax():  # its log lines about a damaged step: the one line below says it
+                state, problem = self._try_restore(step, template)
+            if problem is None:
+                if damaged:
+                    self._set_aside(damaged)
+                    say(f"resuming from checkpoint {step}, the newest intact one ({self.step_dir(step)})")
+                return state
+            say(f"warning: checkpoint {step} is damaged and not used: {self.step_dir(step)}: {problem}")
+            damaged.append(step)
+        if damaged:
+            raise ConfigError(f"run.resume: no intact checkpoint in {self.run_dir / CHECKPOINT_SUBDIR} "
+                              f"(damaged: {', '.join(map(str, damaged))})")
+        return template
+
+    def _try_restore(self, step: int, template) -> tuple:
+        """`(state, None)`, or `(None, why the step is damaged)`."""
+        step_dir = self.step_dir(step)
+        problem = manifest_problem(step_dir)
+        if problem is not None:
+            return None, problem
+        try:
+            return self.restore(template, step), None
+        except Exception as err:  # any failure to read it back means the step is damaged
+            what = "" if has_manifest(step_dir) else " (no manifest)"
+            return None, f"restore failed{what}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+    def _set_aside(self, steps: list) -> None:
+        """Move damaged steps out of orbax's directory (kept for inspection), so the
+        resumed run can write those steps again."""
+        for step in steps:
+            dest = self.run_dir / DAMAGED_SUBDIR / str(step)
+            n = 1
+            while dest.exists():
+                dest, n = dest.with_name(f"{step}-{n}"), n + 1
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.step_dir(step)), str(dest))
+        with _quiet_orbax():
+            self._mngr.reload()
 
     def close(self) -> None:
         self._mngr.close()
@@ -95,13 +248,32 @@ def resume_runner(restored: RunnerState, fresh: RunnerState, spec) -> RunnerStat
 
 
 def load_run_config(run_dir: Path) -> Config:
-    """The config a run directory was started with; `ConfigError` naming `run.resume` if absent."""
+    """The config a run directory was started with; `ConfigError` naming `run.resume`
+    and the file if it is absent or damaged (not YAML, not a mapping, unknown keys)."""
     import yaml
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"run.resume: no {CONFIG_FILE} in {run_dir}")
-    return from_dict(yaml.safe_load(path.read_text()))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"run.resume: {path} is not readable YAML ({_yaml_reason(err)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"run.resume: {path} is not a mapping of config keys "
+                          f"(it holds a {type(data).__name__})")
+    try:
+        return from_dict(data)
+    except (TypeError, ValueError) as err:  # ConfigError, or a value no check foresaw
+        raise ConfigError(f"run.resume: {path}: {' '.join(str(err).split())}") from None
+
+
+def _yaml_reason(err: Exception) -> str:
+    """A YAML error in a few words: the problem and its line, not the quoted snippet."""
+    problem, mark = getattr(err, "problem", None), getattr(err, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}"
+    return " ".join(str(err).split())[:200]
 
 
 def save_run_config(run_dir: Path, data: dict) -> None:

@@ -114,6 +114,23 @@ def check_fresh(run_dir) -> None:
                           f"run.resume={run_dir} or pick another run.dir")
 
 
+def check_usable(run_dir, key: str = "run.dir") -> None:
+    """`ConfigError` naming `key` and the path when `run_dir` cannot hold a run: a file,
+    a path under a file, or a place where a directory or a file cannot be made.
+    Makes the directory (the run would, a moment later)."""
+    import tempfile
+
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key}: {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # writable, not only there
+            pass
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot write a run in {path} ({err.strerror or err})") from None
+
+
 def prepare_run(cfg: Config, run_dir=None) -> tuple:
     """Resolve the run directory and, for `run.resume`, the saved config.
 
@@ -124,10 +141,12 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     if cfg.run.resume:
         run_dir = Path(cfg.run.resume)
         saved = checkpoint.load_run_config(run_dir)
+        check_usable(run_dir, "run.resume")
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
         return dataclasses.replace(saved, run=run), run_dir, True
     run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
+    check_usable(run_dir)
     check_fresh(run_dir)
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
 

@@ -49,10 +49,10 @@ def _init_runner(setup, env, seed: int):
 
 
 def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
-    """A fresh runner, or the latest checkpoint of a resumed run (fresh if it has none)."""
+    """A fresh runner, or the newest intact checkpoint of a resumed run (fresh if it has none)."""
     runner = _init_runner(setup, env, cfg.seed)
-    if resuming and ckpt.latest_step() is not None:
-        runner = checkpoint.resume_runner(ckpt.restore(runner), runner, env.spec)
+    if resuming:
+        runner = checkpoint.resume_runner(ckpt.restore_latest(runner), runner, env.spec)
     return runner
 
 
@@ -94,6 +94,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
     steps_per_chunk = K * derived.batch_size * cfg.num_seeds
     every = cfg.run.checkpoint_every
     records, pending, t_ready = [], None, time.perf_counter()
+    ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
 
     def drain(item):
         nonlocal t_ready
@@ -115,7 +116,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
         if pending is not None:
             drain(pending)
         pending = (c, metrics)
-        if every and ((c + 1) * K) % every == 0:
+        if (every and ((c + 1) * K) % every == 0) or ckpt.due():
             drain(pending)
             pending = None
             ckpt.save(runner)
@@ -179,7 +180,7 @@ def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
-    return env, setup, checkpoint.Checkpointer(run_dir), K
+    return env, setup, checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every_s), K
 
 
 def _rounding_note(cfg: Config) -> None:

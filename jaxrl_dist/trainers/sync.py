@@ -187,7 +187,8 @@ def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardPart
     spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
     program = probe if spec == probe.spec else ShardProgram(spec)
     learner = make_learner(cfg, program.network, program.env.spec, expected_shards)
-    return ShardParts(spec, program, learner, make_backend(cfg.backend), checkpoint.Checkpointer(run_dir))
+    ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every_s)
+    return ShardParts(spec, program, learner, make_backend(cfg.backend), ckpt)
 
 
 def limit_reason(cfg: Config, r: int, env_steps: int) -> Optional[str]:
@@ -238,9 +239,7 @@ class RoundTrainer:
         train = init_train(self.learner, self.cfg.seed)
         table = init_table(self.program, self.cfg.seed, self.cfg.backend.max_shards)
         state = RoundState(train, None if table is None else table.data, np.zeros((), np.int32), fresh_clock())
-        if resuming and self.ckpt.latest_step() is not None:
-            state = self.ckpt.restore(state)
-        return state
+        return self.ckpt.restore_latest(state) if resuming else state
 
     def _warm_learner(self, train) -> threading.Thread:
         """Compile the learner for the expected shard count on zeros, in a thread, so
@@ -295,6 +294,7 @@ class RoundTrainer:
         records, seen = [], set()
         so_far = list(history)  # the resumed run's records, then this run's
         warm = self._warm_learner(train)
+        self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         try:
             while (n := self._next_round(r, env_steps, so_far)) is not None:
                 train, rec = self._round(r, n, env_steps, train, table, warm, seen)
@@ -303,7 +303,7 @@ class RoundTrainer:
                 r, env_steps = r + 1, rec.env_steps
                 logger.log([rec])
                 records.append(rec)
-                if cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0:
+                if (cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0) or self.ckpt.due():
                     self._save(train, table, r)
                 if interrupt.requested():  # Ctrl-C: save what is done and stop
                     self._save(train, table, r)

@@ -1,0 +1,303 @@
+"""Runs that survive damage: a damaged newest checkpoint falls back to the newest intact
+one (one line each), a damaged config.yaml or an unusable run dir or URL is one line and
+exit 2 before anything compiles, and runs killed with SIGKILL at random points resume to
+their uninterrupted twin's parameters (the async trainer above staleness 0: the bound
+held, every chunk learned or dropped exactly once)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_dist.config import ConfigError, from_dict
+from jaxrl_dist.trainers import checkpoint
+from jaxrl_dist.trainers.runner import train
+from test_async import assert_every_chunk_once
+from test_checkpoint import cli_env, command, finished_steps
+
+QUIET = {"progress": False, "tensorboard": False}
+FUSED = {"trainer": "fused", "env": {"num_envs": 4},
+         "algo": {"num_steps": 16, "total_timesteps": 64 * 30}}
+SYNC = {"trainer": "sync", "algo": {"num_steps": 16, "total_timesteps": 2 * 64 * 6, "minibatch_size": 32},
+        "backend": {"name": "local", "max_shards": 2, "envs_per_shard": 4},
+        "scheduler": {"name": "fixed", "num_shards": 2}}
+ASYNC = {**{k: v for k, v in SYNC.items() if k != "scheduler"}, "trainer": "async",
+         "async": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}
+TRAINERS = {"fused": (FUSED, 10), "sync": (SYNC, 2), "async": (ASYNC, 2)}  # config, run.checkpoint_every
+KINDS = ["truncate", "overwrite", "garbage", "delete", "empty", "unverified"]
+
+
+def _largest_file(step: Path) -> Path:
+    files = [p for p in step.rglob("*") if p.is_file() and p.name != checkpoint.MANIFEST]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def damage(step: Path, kind: str) -> None:
+    """Damage one checkpoint step the way a full disk, a stray write or a hand would."""
+    if kind == "truncate":  # the largest file (parameters): orbax may read it without an error
+        f = _largest_file(step)
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    elif kind == "overwrite":  # the same length of random bytes: no size tells
+        f = _largest_file(step)
+        f.write_bytes(os.urandom(f.stat().st_size))
+    elif kind == "garbage":  # orbax's metadata overwritten
+        f = step / checkpoint.ITEM / "_METADATA"
+        f.write_bytes(os.urandom(f.stat().st_size))
+    elif kind == "delete":
+        _largest_file(step).unlink()
+    elif kind == "empty":
+        shutil.rmtree(step)
+        step.mkdir()
+    elif kind == "unverified":  # no manifest: only the failed restore tells
+        (step / checkpoint.MANIFEST).unlink()
+        (step / checkpoint.ITEM / "_METADATA").write_text('{"tree_metadata": {')
+    else:
+        raise AssertionError(kind)
+
+
+def _tree(step: int) -> dict:
+    """A small state pytree whose values say which step it was saved at."""
+    return {"w": np.full((64, 64), float(step), np.float32), "b": np.arange(64, dtype=np.float32) + step,
+            "update": np.array(step, np.int32)}
+
+
+def _saved_run(run_dir: Path, steps=(10, 20, 30)) -> None:
+    ckpt = checkpoint.Checkpointer(run_dir)
+    for step in steps:
+        ckpt.save(_tree(step), step=step)
+    ckpt.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_restore_latest_skips_a_damaged_newest_step(tmp_path, kind):
+    """The one restore path of all trainers: the damaged newest step is reported in one
+    line naming its step and path, set aside, and the next one restored (one line)."""
+    _saved_run(tmp_path)
+    damage(tmp_path / "checkpoints" / "30", kind)
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    restored = ckpt.restore_latest(_tree(0), say=said.append)
+    assert int(restored["update"]) == 20 and float(restored["w"][0, 0]) == 20.0
+    assert len(said) == 2, said
+    assert said[0].startswith("warning: checkpoint 30 is damaged") and str(tmp_path / "checkpoints" / "30") in said[0]
+    assert said[1].startswith("resuming from checkpoint 20")
+    assert ckpt.latest_step() == 20 and (tmp_path / checkpoint.DAMAGED_SUBDIR / "30").is_dir()
+    ckpt.save(_tree(30), step=30)  # the step can be written again
+    assert ckpt.latest_step() == 30 and checkpoint.manifest_problem(tmp_path / "checkpoints" / "30") is None
+    ckpt.close()
+
+
+def test_restore_latest_without_an_intact_step_moves_nothing(tmp_path):
+    _saved_run(tmp_path)
+    for step in (10, 20, 30):
+        damage(tmp_path / "checkpoints" / str(step), "truncate")
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    with pytest.raises(ConfigError, match=r"run.resume: no intact checkpoint in .* \(damaged: 30, 20, 10\)"):
+        ckpt.restore_latest(_tree(0), say=said.append)
+    ckpt.close()
+    assert len(said) == 3 and finished_steps(tmp_path) == [10, 20, 30]
+    assert not (tmp_path / checkpoint.DAMAGED_SUBDIR).exists()
+
+
+def test_an_intact_newest_step_is_restored_without_a_word(tmp_path):
+    _saved_run(tmp_path)
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    assert int(ckpt.restore_latest(_tree(0), say=said.append)["update"]) == 30 and said == []
+    ckpt.close()
+
+
+@pytest.fixture(scope="module", params=list(TRAINERS))
+def finished_run(request, tmp_path_factory):
+    """A whole run with three checkpoints kept: `(trainer, run dir, summary)`."""
+    name = request.param
+    data, every = TRAINERS[name]
+    run_dir = tmp_path_factory.mktemp(f"whole-{name}")
+    summary = train(from_dict({**data, "run": {"dir": str(run_dir), "checkpoint_every": every, **QUIET}}))
+    return name, run_dir, summary
+
+
+@pytest.mark.slow  # a run and a resume per case; test_restore_latest_* cover the path itself
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(finished_run, kind, tmp_path, capsys):
+    name, whole, summary = finished_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(whole, run_dir)  # its config.yaml names `whole`: a resume takes its own dir
+    steps = finished_steps(run_dir)
+    newest, previous = steps[-1], steps[-2]
+    damage(run_dir / "checkpoints" / str(newest), kind)
+    capsys.readouterr()
+
+    resumed = train(from_dict({"run": {"resume": str(run_dir), "progress": False, "compile_cache": True}}))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert resumed["resumed_at_update"] == previous
+    assert resumed["params_sha256"] == summary["params_sha256"]  # the fallback loses nothing
+    assert len(err) == 2, err  # one line for the damaged step, one for the fallback
+    assert err[0].startswith(f"warning: checkpoint {newest} is damaged")
+    assert str(run_dir / "checkpoints" / str(newest)) in err[0]
+    assert err[1].startswith(f"resuming from checkpoint {previous}")
+    # the damaged step is kept aside, and the resumed run wrote that step again
+    assert (run_dir / checkpoint.DAMAGED_SUBDIR / str(newest)).is_dir()
+    assert finished_steps(run_dir)[-1] == newest
+    assert checkpoint.manifest_problem(run_dir / "checkpoints" / str(newest)) is None
+
+
+# --- bad config.yaml, run dir, URL: exit 2, one line, before anything compiles --------------
+
+
+def _bad_inputs(root: Path) -> list:
+    """`(overrides, what the line must name)` for each kind of bad input, made under `root`."""
+    for name, text in (("notyaml", "env: [1,\n  x: {"), ("list", "- 1\n- 2\n"),
+                       ("unknown", "env:\n  id: CartPole-v1\nbogus: 3\n")):
+        (root / name).mkdir(parents=True)
+        (root / name / "config.yaml").write_text(text)
+    (root / "file").write_text("not a directory")
+    cases = [([f"run.resume={root / n}"], str(root / n / "config.yaml")) for n in ("notyaml", "list", "unknown")]
+    cases += [([f"run.dir={root / 'file'}"], str(root / "file")),
+              ([f"run.dir={root / 'file' / 'sub'}"], str(root / "file" / "sub")),
+              (["run.dir=/proc/jaxrl-dist-run"], "/proc/jaxrl-dist-run"),  # nothing can be made there
+              (["run.resume=/proc/self"], "run.resume"),  # not a run dir
+              (["trainer=sync", "backend=http", "backend.urls=[not-a-url]"], "backend.urls[0]"),
+              (["trainer=sync", "backend=http", "backend.urls=[http://127.0.0.1:8000,http://h:99999]"],
+               "backend.urls[1]")]
+    return cases
+
+
+def test_bad_run_dirs_config_files_and_urls_are_one_line_exit_2(tmp_path, capsys):
+    """In process (the same `main` the console script runs): fast, every case."""
+    from jaxrl_dist import cli
+
+    for overrides, named in _bad_inputs(tmp_path):
+        code = cli.main(["train", "run.progress=false", *overrides])
+        out = capsys.readouterr()
+        lines = [x for x in (out.out + out.err).splitlines() if x.strip()]
+        assert code == 2, (overrides, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], (overrides, lines)
+    assert not list(tmp_path.glob("**/.hydra")) and not list(tmp_path.glob("**/metrics.jsonl"))
+
+
+@pytest.mark.slow  # a CLI process per case; the in-process test above checks every case too
+def test_the_cli_process_says_one_line_and_exits_2(tmp_path):
+    cases = _bad_inputs(tmp_path)
+    start = time.perf_counter()
+    procs = [subprocess.Popen(command() + ["train", "run.progress=false", *o], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=cli_env()) for o, _ in cases]
+    for proc, (overrides, named) in zip(procs, cases):
+        out, err = proc.communicate(timeout=300)
+        lines = [x for x in (out + err).splitlines() if x.strip()]
+        assert proc.returncode == 2, (overrides, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], (overrides, lines)
+    assert not list(tmp_path.glob("**/.hydra")) and not list(tmp_path.glob("**/metrics.jsonl"))
+    assert time.perf_counter() - start < 240  # nothing compiled
+
+
+# --- SIGKILL at random points ---------------------------------------------------------------
+
+KILL_POINTS = 10
+_Q = ["run.progress=false", "run.tensorboard=false", "run.checkpoint_every_s=1"]  # time-based ones too
+KILLED = {  # overrides, updates in the whole run
+    "fused": (["trainer=fused", "algo.num_steps=32", "algo.total_timesteps=64000", "run.checkpoint_every=50",
+               *_Q], 500),
+    "sync": (["trainer=sync", "scheduler=fixed", "scheduler.num_shards=2", "backend.max_shards=2",
+              "algo.num_steps=32", "algo.total_timesteps=10240", "run.checkpoint_every=5", *_Q], 40),
+    "async0": (["trainer=async", "async.max_staleness=0", "async.balance=false", "async.batch_chunks=2",
+                "async.actors=2", "backend.max_shards=2", "algo.num_steps=32", "algo.total_timesteps=10240",
+                "run.checkpoint_every=5", *_Q], 40),
+    "async2": (["trainer=async", "async.max_staleness=2", "async.balance=false", "async.batch_chunks=2",
+                "async.actors=3", "backend.max_shards=3", "algo.num_steps=32", "algo.total_timesteps=10240",
+                "run.checkpoint_every=5", *_Q], 40),
+}
+
+
+def records_in(run_dir: Path) -> list:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def kill_at(run_dir: Path, overrides: list, records: int, delay: float, timeout: float = 300) -> bool:
+    """Start a CLI run and SIGKILL it `delay` s after its metrics hold `records` lines;
+    whether it was still running when killed."""
+    proc = subprocess.Popen(command() + ["train", f"run.dir={run_dir}", *overrides],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cli_env())
+    deadline, metrics = time.monotonic() + timeout, run_dir / "metrics.jsonl"
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_bytes().count(b"\n") >= records:
+                break
+            time.sleep(0.005)
+        time.sleep(delay)
+        alive = proc.poll() is None
+        assert alive or proc.returncode == 0, proc.stderr.read().decode()[-2000:]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        return alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    """The uninterrupted run of each `KILLED` config, made on first use."""
+    from jaxrl_dist.cli import load_config
+
+    made = {}
+
+    def twin(name: str) -> dict:
+        if name not in made:
+            run_dir = tmp_path_factory.mktemp(f"twin-{name}")
+            made[name] = train(load_config(KILLED[name][0] + [f"run.dir={run_dir}"]))
+        return made[name]
+
+    return twin
+
+
+@pytest.mark.slow  # 10 points x 4 configs, a killed CLI run and a resume each
+@pytest.mark.parametrize("point", range(KILL_POINTS))
+@pytest.mark.parametrize("name", list(KILLED))
+def test_a_run_killed_at_a_random_point_resumes_exactly(name, point, tmp_path, twins):
+    overrides, updates = KILLED[name]
+    rng = random.Random(f"{name}-{point}")
+    run_dir = tmp_path / "killed"
+    killed = kill_at(run_dir, overrides, rng.randint(1, int(updates * 0.8)), rng.uniform(0.0, 0.3))
+    assert killed and not (run_dir / "summary.json").exists()
+    steps = finished_steps(run_dir)
+    resumed = train(from_dict({"run": {"resume": str(run_dir), "progress": False}}))
+    assert resumed["resumed_at_update"] == (steps[-1] if steps else 0)
+    recs = records_in(run_dir)
+    assert [r["update"] for r in recs] == list(range(1, resumed["num_updates"] + 1))  # none lost, none twice
+    if name == "async2":  # not bit-reproducible above staleness 0: the bound and the chunk ledger
+        # (dropped chunks count as steps made, so it may take fewer updates)
+        assert 0 < resumed["num_updates"] <= updates and resumed["env_steps"] >= 10240
+        assert all(0 <= r["staleness_max"] <= 2 for r in recs)
+        assert max(int(k) for k in resumed["staleness_histogram"]) <= 2
+        assert_every_chunk_once(recs)
+        return
+    assert resumed["num_updates"] == updates
+    assert resumed["params_sha256"] == twins(name)["params_sha256"]
+    if name.startswith("async"):
+        assert_every_chunk_once(recs)
+
+
+def test_the_async_ledger_only_moves_forward():
+    """An update that learns a slot's chunk 9 and drops its older chunk 8: the checkpoint
+    counts 10 chunks made on that slot, with the state after chunk 9 (a resumed run that
+    restarted at chunk 9 would learn it twice)."""
+    from jaxrl_dist.trainers.asynchronous import Chunk, advance_ledger
+
+    def chunk(slot, index):
+        return Chunk(slot, index, 0, type("Out", (), {"actor": f"after {slot}/{index}"})(), None, {}, 1.0, 0.0)
+
+    states, counts = {}, [0, 0, 9]
+    advance_ledger(states, counts, [chunk(0, 0), chunk(2, 9), chunk(2, 8)])
+    assert counts == [1, 0, 10] and states == {0: "after 0/0", 2: "after 2/9"}
