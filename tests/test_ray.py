@@ -185,13 +185,13 @@ class TestOnARuntime:
         assert "\n" not in message and "params" in message, message
 
     def test_a_shard_past_its_timeout_is_retried_then_fails(self):
-        cfg = config({"name": "ray", "max_retries": 1, "shard_timeout": 0.05})
+        cfg = config({"name": "ray", "max_retries": 1, "shard_timeout": 0.001})
         job, params, new_table = _parts(cfg)
         backend = RayBackend(cfg.backend)
         backend.start(job)
         try:
             with pytest.raises(BackendError,
-                               match=r"slot 0 failed after 2 tries: no answer after 0.05 s"):
+                               match=r"slot 0 failed after 2 tries: no answer after 0.001 s"):
                 backend.run_round(0, params, _tasks(cfg, 0, 1), new_table())
         finally:
             backend.close()
@@ -324,7 +324,7 @@ def test_ray_resources_are_checked_before_the_first_round(two_nodes, tmp_path):
     from test_cli import run_cli
 
     t0 = time.perf_counter()
-    out = run_cli("train", "backend=ray", f"backend.address={two_nodes}", "scheduler.num_shards=4",
+    out = run_cli("train", "backend=ray", f"backend.address={two_nodes}", "scheduler=fixed", "scheduler.num_shards=4",
                   "backend.max_shards=4", f"run.dir={tmp_path / 'big'}", "run.progress=false", timeout=120)
     seconds = time.perf_counter() - t0
     print(f"resource error after {seconds:.1f} s")

@@ -40,13 +40,14 @@ import time
 import warnings
 from typing import List, NamedTuple, Optional
 
+import numpy as np
 import ray
 
 from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
                                  bucket, stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
-from jaxrl_dist.backends.shard import ShardWorker
+from jaxrl_dist.backends.shard import ShardSpec, ShardWorker, slot_init_key
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
 
@@ -147,6 +148,25 @@ class ShardActor:
         self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
                      f"/actor-{ctx.get_actor_id()[:12]}")
         self.worker = ShardWorker(self.name)
+        if setup.get("spec") is not None:
+            self._warm(setup["spec"])
+
+    def _warm(self, spec_dict: dict) -> None:
+        """Compile the run's rollout before answering the first ping, so a shard's
+        timeout (counted from then) never includes a new actor's compile. A stateless
+        spec only: a sticky one's rollout would step the slot's envs."""
+        import jax
+
+        try:
+            spec = ShardSpec.from_dict(spec_dict)
+            if spec.sticky:
+                return
+            prog = self.worker.program(spec)
+            params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), prog.params_template())
+            jax.block_until_ready(prog.run_one(params, prog.init_slot(slot_init_key(0, 0)),
+                                               np.zeros(2, np.uint32)))
+        except Exception:  # noqa: BLE001 - the first shard meets the same error and reports it
+            pass
 
     def ping(self) -> str:
         return self.name
@@ -197,6 +217,7 @@ class RayBackend:
         self._check_resources(job.max_shards or self.cfg.max_shards, job.shards_key)
         self._remote = ray.remote(self.actor_class)
         self._setup = _actor_setup(same_host=not self.cfg.address)
+        self._setup["spec"] = job.spec.to_dict()  # plain data: each actor compiles it as it starts
 
     def _check_resources(self, n: int, key: str) -> None:
         """`ConfigError` (one line) when `n` actors cannot all be placed at once."""
