@@ -17,6 +17,7 @@ Retries are never faulted, so a retry always has a healthy path:
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,18 +44,19 @@ class FaultyLocal(LocalBackend):
 
     def __init__(self, cfg, opts: FaultOptions):
         super().__init__(cfg)
-        self.opts, self.injected, self._now = opts, [], None
+        # the shard each thread is running (the async trainer's actors share this backend)
+        self.opts, self.injected, self._now = opts, [], threading.local()
 
     def run_round(self, round_: int, params, tasks, table):
-        self._now = (round_, [t.slot for t in tasks])
+        self._now.shard = (round_, [t.slot for t in tasks])
         return super().run_round(round_, params, tasks, table)
 
     def run_shard(self, index: int, params, task, state):
-        self._now = (index, [task.slot])
+        self._now.shard = (index, [task.slot])
         return super().run_shard(index, params, task, state)
 
     def _attempt(self, fn):
-        round_, slots = self._now
+        round_, slots = self._now.shard
         hit = [s for s in slots if fault_for(self.opts.seed, str(round_), str(s), self.opts.share, ("error",))]
         tries = []
 
