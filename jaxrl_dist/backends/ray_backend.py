@@ -392,10 +392,20 @@ class _Round:
             if not refs:  # every shard left is waiting out its backoff
                 time.sleep(wait)
                 continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            starting = self._starting()  # their first ping starts their shards' clocks
+            ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=wait)
             for ref in ready:
-                self._take(ref)
+                if ref in starting:
+                    self.backend.started(starting[ref])
+                else:
+                    self._take(ref)
             self._expire()
+
+    def _starting(self) -> dict:
+        """Ping ref -> slot, for the pending shards' actors not seen started yet."""
+        backend = self.backend
+        slots = {self.tasks[i].slot for i in self.pending.values()}
+        return {backend._pings[s]: s for s in slots if s in backend._pings and s not in backend._up}
 
     def _take(self, ref) -> None:
         i = self.pending.pop(ref)
