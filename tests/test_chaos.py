@@ -95,7 +95,7 @@ def clean(tmp_path_factory):
 # -- local: a registered plugin that wraps the local backend -------------------------
 
 
-@pytest.mark.parametrize("rounds, seed", [(4, 5), pytest.param(20, 0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("rounds, seed", [(4, 5)] + [pytest.param(20, s, marks=pytest.mark.slow) for s in range(4)])
 def test_local_with_faulted_first_tries_ends_with_the_clean_params(tmp_path, clean, rounds, seed):
     want = expected_faults(seed, rounds, SHARDS, ("error",))
     faulted_rounds = {r for r, _ in want}
@@ -105,6 +105,7 @@ def test_local_with_faulted_first_tries_ends_with_the_clean_params(tmp_path, cle
     assert run["params_sha256"] == clean(rounds)["params_sha256"]
     assert run["retries"] == SHARDS * len(faulted_rounds)  # a round's shards retry together
     assert_rounds_whole(tmp_path, rounds)
+    print(json.dumps({"local_seed": seed, "faults": len(want), "faulted_rounds": len(faulted_rounds)}))
 
 
 def test_async_staleness_zero_with_faults_is_the_clean_sync_run(tmp_path, clean):
@@ -162,10 +163,11 @@ def http_backend(urls: list, **kw) -> dict:
 
 
 @pytest.mark.slow
-def test_http_through_the_fault_proxy_ends_with_the_clean_params(tmp_path, clean):
+@pytest.mark.parametrize("seed", [2, 10])
+def test_http_through_the_fault_proxy_ends_with_the_clean_params(tmp_path, clean, seed):
     """10% of first attempts delayed past the timeout, dropped or answered 500 by the
     proxy; every retry relayed. The faults the proxy logged are the ones chosen."""
-    rounds, seed = 12, 2
+    rounds = 12
     want = expected_faults(seed, rounds, SHARDS, FAULTS)
     assert set(want.values()) == set(FAULTS), want  # every kind of fault happens
     (server,) = _servers(1)
@@ -186,7 +188,7 @@ def test_http_through_the_fault_proxy_ends_with_the_clean_params(tmp_path, clean
     # each fault costs one retry; on a loaded machine a slow healthy try may add one
     assert run["retries"] >= len(want)
     assert_rounds_whole(tmp_path / "run", rounds)
-    print(json.dumps({"http_faults": len(want), "first_attempts": log["first_attempts"],
+    print(json.dumps({"http_seed": seed, "faults": len(want), "first_attempts": log["first_attempts"],
                       "retries": run["retries"], "match": True}))
 
 
@@ -250,11 +252,12 @@ def test_async_over_http_through_the_fault_proxy(tmp_path, bound):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
-def test_ray_with_faults_and_killed_actors_ends_with_the_clean_params(tmp_path, clean, monkeypatch):
+@pytest.mark.parametrize("seed", [5, 10])
+def test_ray_with_faults_and_killed_actors_ends_with_the_clean_params(tmp_path, clean, monkeypatch, seed):
     ray = pytest.importorskip("ray")
     from jaxrl_dist.backends.ray_backend import LOOPBACK_IP, RayBackend
 
-    rounds, seed = 12, 5
+    rounds = 12
     kinds = ("delay", "error", "exit")
     want = expected_faults(seed, rounds, SHARDS, kinds)
     assert set(want.values()) == set(kinds), want
@@ -283,4 +286,4 @@ def test_ray_with_faults_and_killed_actors_ends_with_the_clean_params(tmp_path, 
     assert run["params_sha256"] == clean(rounds)["params_sha256"]
     assert run["retries"] == len(want) + 3  # one per fault, one per killed actor
     assert_rounds_whole(tmp_path / "run", rounds)
-    print(json.dumps({"ray_faults": len(want), "kills": 3, "retries": run["retries"]}))
+    print(json.dumps({"ray_seed": seed, "faults": len(want), "kills": 3, "retries": run["retries"]}))
