@@ -307,6 +307,14 @@ def test_a_cluster_too_small_is_one_line_naming_the_keys():
     assert "backend.memory_mb=2861.02 x 4 shards needs" in line and "or backend.memory_mb or k" in line
 
 
+@pytest.mark.parametrize("key, value", [("num_cpus", -1.0), ("memory_mb", 0), ("memory_mb", "abc")])
+def test_bad_actor_sizes_are_named(key, value):
+    from jaxrl_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"backend.{key} must be"):
+        from_dict({"trainer": "sync", "backend": {"name": "ray", key: value}})
+
+
 def sync_config(backend: dict, shards: int) -> object:
     return from_dict({
         "trainer": "sync", "backend": {"name": "ray", "max_shards": shards, "envs_per_shard": ENVS, **backend},
