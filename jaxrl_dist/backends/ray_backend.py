@@ -28,9 +28,10 @@ Before the first round the backend checks that the cluster can hold every
 actor the run may need at once (the trainer's most shards x `backend.num_cpus`,
 and `backend.memory_mb` when set), node by node, and fails at once with one
 line naming the keys to change. A shard's timeout counts from when its actor
-has started (answered a ping); an actor that has not started within
-`start_timeout_s` is reported as pending, with the CPUs the cluster has free,
-and is not waited on again when the cluster has no room for it.
+is ready (it answers a ping once placed and its process is up, then compiles
+the run's rollout); an actor not placed within `start_timeout_s` is reported
+as pending, with the CPUs the cluster has free, and is not waited on again when
+the cluster has no room for it.
 """
 from __future__ import annotations
 
@@ -148,25 +149,24 @@ class ShardActor:
         self.name = (f"{ray.util.get_node_ip_address()}/node-{ctx.get_node_id()[:12]}"
                      f"/actor-{ctx.get_actor_id()[:12]}")
         self.worker = ShardWorker(self.name)
-        if setup.get("spec") is not None:
-            self._warm(setup["spec"])
 
-    def _warm(self, spec_dict: dict) -> None:
-        """Compile the run's rollout before answering the first ping, so a shard's
-        timeout (counted from then) never includes a new actor's compile. A stateless
-        spec only: a sticky one's rollout would step the slot's envs."""
+    def warm(self, spec_dict: dict) -> str:
+        """Compile the run's rollout before the first shard, so a shard's timeout
+        (counted from this call's answer) never includes a new actor's compile. A
+        stateless spec only: a sticky one's rollout would step the slot's envs."""
         import jax
 
         try:
             spec = ShardSpec.from_dict(spec_dict)
             if spec.sticky:
-                return
+                return self.name
             prog = self.worker.program(spec)
             params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), prog.params_template())
             jax.block_until_ready(prog.run_one(params, prog.init_slot(slot_init_key(0, 0)),
                                                np.zeros(2, np.uint32)))
         except Exception:  # noqa: BLE001 - the first shard meets the same error and reports it
             pass
+        return self.name
 
     def ping(self) -> str:
         return self.name
@@ -193,6 +193,25 @@ class ShardActor:
         return wire.encode_response(req.slot, out, timings, reset, self.name)
 
 
+class Startup:
+    """An actor's start, in two answers: its ping (placed on a node, its process up)
+    and its warm-up (the run's rollout compiled: ready for shards), with when each
+    was seen (`perf_counter`). A failed answer counts as seen: the shard reports it."""
+
+    def __init__(self, ping, warm):
+        self.refs = {"placed": ping, "ready": warm}
+        self.at: dict = {}
+
+    def seen(self, stage: str) -> Optional[float]:
+        if stage not in self.at and ray.wait([self.refs[stage]], timeout=0)[0]:
+            self.at[stage] = time.perf_counter()
+        return self.at.get(stage)
+
+    def waiting(self) -> dict:
+        """Ref -> stage, for the answers not seen yet."""
+        return {ref: stage for stage, ref in self.refs.items() if stage not in self.at}
+
+
 class RayBackend:
     name = "ray"
     actor_class = ShardActor  # what each slot's actor runs (a subclass may override)
@@ -202,8 +221,7 @@ class RayBackend:
         self.cfg = cfg
         self.retry = RetryPolicy.from_config(cfg)
         self._actors: dict = {}  # slot -> actor handle
-        self._pings: dict = {}  # slot -> its actor's first ping (answered once the actor has started)
-        self._up: dict = {}  # slot -> when that ping was seen answered (perf_counter)
+        self._life: dict = {}  # slot -> its actor's `Startup`
         self.size = ActorSize.of(cfg)
         self._owns_runtime = False
         self.job: Optional[Job] = None
@@ -217,7 +235,7 @@ class RayBackend:
         self._check_resources(job.max_shards or self.cfg.max_shards, job.shards_key)
         self._remote = ray.remote(self.actor_class)
         self._setup = _actor_setup(same_host=not self.cfg.address)
-        self._setup["spec"] = job.spec.to_dict()  # plain data: each actor compiles it as it starts
+        self._spec = job.spec.to_dict()  # plain data: each actor compiles it as it starts
 
     def _check_resources(self, n: int, key: str) -> None:
         """`ConfigError` (one line) when `n` actors cannot all be placed at once."""
@@ -258,8 +276,7 @@ class RayBackend:
             for actor in self._actors.values():
                 ray.kill(actor, no_restart=True)
         self._actors.clear()
-        self._pings.clear()
-        self._up.clear()
+        self._life.clear()
         if self._owns_runtime and ray.is_initialized():
             ray.shutdown()
         self._owns_runtime = False
@@ -271,18 +288,19 @@ class RayBackend:
         actor = self._remote.options(num_cpus=self.size.num_cpus, scheduling_strategy="SPREAD",
                                      max_restarts=0, max_task_retries=0, **memory).remote(self._setup)
         self._actors[slot] = actor
-        self._pings[slot] = actor.ping.remote()  # answered once its process has started
-        self._up.pop(slot, None)
+        self._life[slot] = Startup(actor.ping.remote(), actor.warm.remote(self._spec))
         return actor
 
     def started(self, slot: int) -> Optional[float]:
-        """When slot `slot`'s actor was seen started (`perf_counter`); None while it is
-        pending (not placed, or its process still starting)."""
-        up = self._up.get(slot)
-        ping = self._pings.get(slot)
-        if up is None and ping is not None and ray.wait([ping], timeout=0)[0]:
-            up = self._up[slot] = time.perf_counter()  # a failed ping counts: the shard reports it
-        return up
+        """When slot `slot`'s actor was seen ready for shards (`perf_counter`); None while
+        it is pending or compiling."""
+        life = self._life.get(slot)
+        return None if life is None else life.seen("ready")
+
+    def placed(self, slot: int) -> Optional[float]:
+        """When slot `slot`'s actor was seen running (placed, its process up); None while pending."""
+        life = self._life.get(slot)
+        return None if life is None else life.seen("placed")
 
     def pending_line(self, slot: int, waited: float) -> tuple:
         """`(one line, whether the cluster has room for it now)` for an actor not started."""
@@ -359,10 +377,12 @@ class _Round:
         its actor started, whichever is later; a pending actor is looked at often."""
         backend, went = self.backend, self.submitted[i]
         timeout = backend.cfg.shard_timeout
-        up = backend.started(self.tasks[i].slot)
+        slot, limit = self.tasks[i].slot, max(timeout, backend.start_timeout_s)
+        up = backend.started(slot)
         if up is not None:
             return max(went, up) + timeout
-        return min(went + max(timeout, backend.start_timeout_s), now + 0.25)
+        placed = backend.placed(slot)  # compiling: bounded from when it was placed
+        return min((went if placed is None else max(went, placed)) + limit, now + 0.25)
 
     def failed(self, i: int, why: str, dead: bool, retryable: bool = True) -> None:
         """The retry policy decides, as for every backend; the wait is served by the
@@ -392,20 +412,21 @@ class _Round:
             if not refs:  # every shard left is waiting out its backoff
                 time.sleep(wait)
                 continue
-            starting = self._starting()  # their first ping starts their shards' clocks
+            starting = self._starting()  # their answers start their shards' clocks
             ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=wait)
             for ref in ready:
                 if ref in starting:
-                    self.backend.started(starting[ref])
+                    starting[ref][0].seen(starting[ref][1])
                 else:
                     self._take(ref)
             self._expire()
 
     def _starting(self) -> dict:
-        """Ping ref -> slot, for the pending shards' actors not seen started yet."""
-        backend = self.backend
-        slots = {self.tasks[i].slot for i in self.pending.values()}
-        return {backend._pings[s]: s for s in slots if s in backend._pings and s not in backend._up}
+        """Ref -> (`Startup`, stage), for the start answers of the pending shards' actors
+        not seen yet."""
+        lives = [self.backend._life.get(self.tasks[i].slot) for i in self.pending.values()]
+        return {ref: (life, stage) for life in lives if life is not None
+                for ref, stage in life.waiting().items()}
 
     def _take(self, ref) -> None:
         i = self.pending.pop(ref)
@@ -435,6 +456,10 @@ class _Round:
             slot = self.tasks[i].slot
             if backend.started(slot) is not None:
                 self.failed(i, f"no answer after {backend.cfg.shard_timeout:g} s", dead=True)
-            else:  # never started: a new actor helps only if the cluster has room for one
+            elif backend.placed(slot) is not None:
+                waited = now - max(self.submitted[i], backend.placed(slot))
+                self.failed(i, f"the actor for slot {slot} did not finish starting (importing, "
+                               f"compiling) in {waited:.0f} s", dead=True)
+            else:  # never placed: a new actor helps only if the cluster has room for one
                 line, room = backend.pending_line(slot, now - self.submitted[i])
                 self.failed(i, line, dead=True, retryable=room)
