@@ -9,7 +9,7 @@ timeout, raises or exits; locally, a registered plugin backend fails the first
 try. Besides: HTTP instances killed (SIGKILL) and frozen (SIGSTOP) mid-run, Ray
 actors killed mid-run, and `trainer=async` at staleness 0 (bit-identical) and 2
 (the bound holds, every chunk learned or dropped once). The default suite runs
-the local cases; the rest are `slow`.
+the short local async case (and the proxy's own tests); the rest are `slow`.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def clean(tmp_path_factory):
 # -- local: a registered plugin that wraps the local backend -------------------------
 
 
-@pytest.mark.parametrize("rounds, seed", [(4, 5)] + [pytest.param(20, s, marks=pytest.mark.slow) for s in range(4)])
+@pytest.mark.slow
+@pytest.mark.parametrize("rounds, seed", [(4, 5)] + [(20, s) for s in range(4)])
 def test_local_with_faulted_first_tries_ends_with_the_clean_params(tmp_path, clean, rounds, seed):
     want = expected_faults(seed, rounds, SHARDS, ("error",))
     faulted_rounds = {r for r, _ in want}
