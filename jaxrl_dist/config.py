@@ -125,7 +125,8 @@ class BackendConfig:
     retry_backoff_s: float = 0.05  # the first wait before a retry (jittered); it doubles each try ...
     retry_backoff_max_s: float = 2.0  # ... up to this (a 429/503 Retry-After can ask for longer)
     address: Optional[str] = None  # ray: cluster address ("auto", "ray://h:p"); null starts one
-    num_cpus: float = 1.0  # ray: CPUs reserved per actor
+    num_cpus: float = 1.0  # ray: CPUs reserved per actor (fractions allowed)
+    memory_mb: Optional[float] = None  # ray: memory reserved per actor (null: none reserved)
     urls: tuple = ()  # http: function endpoints
     # http: bearer token, for library callers (the CLI refuses it, and config.yaml never
     # holds it); null reads `token_file`, else $JAXRL_DIST_TOKEN
@@ -449,6 +450,11 @@ def _check_rounds(cfg: Config) -> None:
         raise ConfigError("backend.urls: the http backend needs at least one endpoint")
     for i, url in enumerate(b.urls):
         _check_url(url, f"backend.urls[{i}]")
+    if not b.num_cpus >= 0:
+        raise ConfigError(f"backend.num_cpus must be >= 0 (fractions allowed), got {b.num_cpus}")
+    if b.memory_mb is not None and (isinstance(b.memory_mb, bool) or not isinstance(b.memory_mb, (int, float))
+                                    or not 0 < b.memory_mb < math.inf):
+        raise ConfigError(f"backend.memory_mb must be a positive number of MB or null, got {b.memory_mb!r}")
     if b.slowdown < 1.0:
         raise ConfigError(f"backend.slowdown must be >= 1 (a factor), got {b.slowdown}")
     if b.slow_every <= 0:

@@ -185,13 +185,13 @@ class TestOnARuntime:
         assert "\n" not in message and "params" in message, message
 
     def test_a_shard_past_its_timeout_is_retried_then_fails(self):
-        cfg = config({"name": "ray", "max_retries": 1, "shard_timeout": 0.05})
+        cfg = config({"name": "ray", "max_retries": 1, "shard_timeout": 0.001})
         job, params, new_table = _parts(cfg)
         backend = RayBackend(cfg.backend)
         backend.start(job)
         try:
             with pytest.raises(BackendError,
-                               match=r"slot 0 failed after 2 tries: no answer after 0.05 s"):
+                               match=r"slot 0 failed after 2 tries: no answer after 0.001 s"):
                 backend.run_round(0, params, _tasks(cfg, 0, 1), new_table())
         finally:
             backend.close()
@@ -225,8 +225,9 @@ def _stop(procs) -> None:
 
 
 @pytest.fixture
-def two_nodes(tmp_path, monkeypatch):
-    """`127.0.0.2:PORT`: a head node and a worker node, 2 CPUs each, token auth on."""
+def two_nodes(tmp_path, monkeypatch, request):
+    """`127.0.0.2:PORT`: a head node and a worker node, 2 CPUs each (or the CPUs an
+    indirect parameter gives), token auth on."""
     port = _free_port(LOOPBACK_IP)
     ray_cli = str(Path(sys.executable).with_name("ray"))
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
@@ -237,7 +238,7 @@ def two_nodes(tmp_path, monkeypatch):
         pass
     else:
         reset_auth_token_state()
-    common = ["--num-cpus=2", "--disable-usage-stats", "--block"]
+    common = [f"--num-cpus={getattr(request, 'param', 2)}", "--disable-usage-stats", "--block"]
     procs = []
     try:
         procs.append(subprocess.Popen(
@@ -284,3 +285,84 @@ def test_ray_cluster_on_two_loopback_nodes(two_nodes, local_summary, tmp_path, s
     records = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").open()]
     assert len(records) == 3
     assert {w.split("/")[0] for w in shard_workers} == {"127.0.0.2", "127.0.0.3"}, shard_workers
+
+
+# -- resources checked before the first round -----------------------------------
+
+
+def test_a_cluster_too_small_is_one_line_naming_the_keys():
+    """Node by node: an actor lives on one node, so 1.5 CPUs fit once on each 2-CPU node."""
+    from jaxrl_dist.backends.ray_backend import ActorSize, resource_error
+
+    two = [{"CPU": 1.0, "memory": 4e9}, {"CPU": 1.0, "memory": 4e9}]
+    line = resource_error(two, ActorSize(1.0), 4, "scheduler.num_shards")
+    assert line == ("backend.num_cpus=1 x 4 shards needs 4 CPUs; the Ray cluster has 2 (its 2 node(s) "
+                    "hold 2 such actors at once): lower backend.num_cpus (fractions are allowed) "
+                    "or scheduler.num_shards")
+    assert resource_error(two, ActorSize(0.5), 4, "k") is None  # fractions fit
+    assert resource_error(two, ActorSize(0.0), 64, "k") is None  # nothing reserved
+    wide = [{"CPU": 2.0}, {"CPU": 2.0}]
+    assert "hold 2 such actors" in resource_error(wide, ActorSize(1.5), 3, "k")
+    line = resource_error(two, ActorSize(0.25, 3e9), 4, "k")
+    assert "backend.memory_mb=2861.02 x 4 shards needs" in line and "or backend.memory_mb or k" in line
+
+
+@pytest.mark.parametrize("key, value", [("num_cpus", -1.0), ("memory_mb", 0), ("memory_mb", "abc")])
+def test_bad_actor_sizes_are_named(key, value):
+    from jaxrl_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"backend.{key} must be"):
+        from_dict({"trainer": "sync", "backend": {"name": "ray", key: value}})
+
+
+def sync_config(backend: dict, shards: int) -> object:
+    return from_dict({
+        "trainer": "sync", "backend": {"name": "ray", "max_shards": shards, "envs_per_shard": ENVS, **backend},
+        "scheduler": {"num_shards": shards},
+        "algo": {"total_timesteps": shards * ENVS * NUM_STEPS * 2, "num_steps": NUM_STEPS},
+        "run": {"progress": False, "tensorboard": False, "compile_cache": False},
+    })
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_nodes", [1], indirect=True)
+def test_ray_resources_are_checked_before_the_first_round(two_nodes, tmp_path):
+    """Two nodes of 1 CPU: 4 shards x 1 CPU is one line and exit 2 at once; 4 x 0.5 CPU
+    trains; an actor that cannot be placed (its CPUs held) is reported pending."""
+    from test_cli import run_cli
+
+    t0 = time.perf_counter()
+    out = run_cli("train", "backend=ray", f"backend.address={two_nodes}", "scheduler=fixed", "scheduler.num_shards=4",
+                  "backend.max_shards=4", f"run.dir={tmp_path / 'big'}", "run.progress=false", timeout=120)
+    seconds = time.perf_counter() - t0
+    print(f"resource error after {seconds:.1f} s")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "backend.num_cpus=1 x 4 shards needs 4 CPUs; the Ray cluster has 2" in lines[0]
+    assert "scheduler.num_shards" in lines[0] and seconds < 30, (seconds, lines)
+
+    summary = runner.train(sync_config({"address": two_nodes, "num_cpus": 0.5}, 4), tmp_path / "half")
+    assert summary["rounds"] == 2 and not ray.is_initialized()
+
+    ray.init(address=two_nodes, logging_level="warning")
+    try:
+        @ray.remote(num_cpus=1)
+        class Holder:  # holds one node's CPU; the other node's is held by the next one
+            def ping(self):
+                return 1
+
+        holders = [Holder.options(scheduling_strategy="SPREAD").remote() for _ in range(2)]
+        ray.get([h.ping.remote() for h in holders])
+        cfg = sync_config({"address": two_nodes, "shard_timeout": 1.0}, 1)
+        job, params, new_table = _parts(cfg)
+        backend = RayBackend(cfg.backend)
+        backend.start_timeout_s = 2.0
+        backend.start(job._replace(max_shards=1))
+        t0 = time.perf_counter()
+        with pytest.raises(BackendError, match=r"slot 0 failed after 1 try: the actor for slot 0 is pending: "
+                                               r"not started after 2 s .*has 0 of 2 CPUs free"):
+            backend.run_round(0, params, _tasks(cfg, 0, 1), new_table())
+        assert time.perf_counter() - t0 < 10
+        backend.close()
+    finally:
+        ray.shutdown()

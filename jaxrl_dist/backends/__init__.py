@@ -33,6 +33,11 @@ class Job(NamedTuple):
     seed: int
     run_id: str
     program: Any  # shard.ShardProgram: templates, and the local backend's rollout
+    # the most shards the run may have in flight at once (0: `backend.max_shards`), and the
+    # config key(s) that set it, so a backend that reserves resources per shard can check
+    # them before the first round and name what to change
+    max_shards: int = 0
+    shards_key: str = "backend.max_shards"
 
 
 class ShardTask(NamedTuple):

@@ -8,7 +8,9 @@ next endpoint under the backends' retry policy (`retry.py`: up to
 `backend.max_retries` times, after a backoff, or the wait a 429/503 answer's
 `Retry-After` asks for). With every try spent the round raises `BackendError`.
 Bodies are msgpack, raw-deflated with `backend.compression=deflate`; the
-params are packed once per round.
+params are packed once per round. Each try names its shard and try number in
+`X-Shard` (`run_id/round/slot`) and `X-Attempt` (0 for the first), so a proxy
+or a function's logs can tell a retry from a new shard.
 """
 from __future__ import annotations
 
@@ -75,11 +77,12 @@ class HttpBackend:
         self.job = job
         self.templates = wire.output_templates(job.program)
 
-    async def _post(self, slot: int, body: bytes):
+    async def _post(self, slot: int, body: bytes, shard: str = ""):
         """Post one shard under the retry policy, each try on the next endpoint;
-        `(body, retries, url, bytes on the wire)`."""
+        `(body, retries, url, bytes on the wire)`. `shard`: its `run_id/round/slot`."""
         def post(attempt: int):
-            return self._post_once(self.urls[(slot + attempt) % len(self.urls)], body)
+            headers = {**self.headers, "x-shard": shard, "x-attempt": str(attempt)}
+            return self._post_once(self.urls[(slot + attempt) % len(self.urls)], body, headers)
 
         try:
             (content, url, size), retries = await self.retry.call_async(post)
@@ -88,11 +91,12 @@ class HttpBackend:
                                f"{gave_up.error}") from gave_up.error
         return content, retries, url, size
 
-    async def _post_once(self, url: str, body: bytes):
+    async def _post_once(self, url: str, body: bytes, headers: Optional[dict] = None):
         """One try at `url`: `(body, url, bytes on the wire)`, or a `Failure` naming the url."""
         try:
             resp = await asyncio.wait_for(
-                self._client.post(url, content=body, headers=self.headers), self.cfg.shard_timeout)
+                self._client.post(url, content=body, headers=headers or self.headers),
+                self.cfg.shard_timeout)
         except Exception as err:  # connection refused, timeout, reset: worth a try elsewhere
             raise Failure(f"{url}: {type(err).__name__} {err}".strip()) from err
         if resp.status_code == 200:  # httpx has inflated a deflated response already
@@ -100,10 +104,12 @@ class HttpBackend:
         raise Failure(f"{url}: HTTP {resp.status_code} {resp.text[:200]}",
                       retryable=resp.status_code not in FINAL_CODES, retry_after_s=retry_after_s(resp))
 
-    async def _round(self, bodies: list, slots: list):
+    async def _round(self, bodies: list, slots: list, round_: int = 0):
         # every shard runs to its end before the round fails: a task still
         # posting when the loop stops would report its error after ours
-        replies = await asyncio.gather(*(self._post(s, b) for s, b in zip(slots, bodies)),
+        run_id = self.job.run_id
+        replies = await asyncio.gather(*(self._post(s, b, f"{run_id}/{round_}/{s}")
+                                         for s, b in zip(slots, bodies)),
                                        return_exceptions=True)
         failed = [r for r in replies if isinstance(r, BaseException)]
         if failed:
@@ -119,7 +125,7 @@ class HttpBackend:
                                                    job.run_id, job.seed, round_))
                   for t in tasks]
         t1 = time.time()
-        replies = self._call(self._round(bodies, [t.slot for t in tasks]))
+        replies = self._call(self._round(bodies, [t.slot for t in tasks], round_))
         t2 = time.time()
         decoded = [wire.decode_response(r[0], False, self.templates) for r in replies]
         for t, d in zip(tasks, decoded):

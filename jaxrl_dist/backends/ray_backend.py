@@ -23,6 +23,15 @@ seconds, is run again with the same keys under the backends' retry policy
 an actor that died (or timed out, and is killed) is replaced for its slot
 (an envpool slot's episodes restart there: the shard reports `reset`). A
 round whose shard still fails raises `BackendError` naming the slot.
+
+Before the first round the backend checks that the cluster can hold every
+actor the run may need at once (the trainer's most shards x `backend.num_cpus`,
+and `backend.memory_mb` when set), node by node, and fails at once with one
+line naming the keys to change. A shard's timeout counts from when its actor
+is ready (it answers a ping once placed and its process is up, then compiles
+the run's rollout); an actor not placed within `start_timeout_s` is reported
+as pending, with the CPUs the cluster has free, and is not waited on again when
+the cluster has no room for it.
 """
 from __future__ import annotations
 
@@ -30,19 +39,68 @@ import math
 import os
 import time
 import warnings
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
+import numpy as np
 import ray
 
 from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
                                  bucket, stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
-from jaxrl_dist.backends.shard import ShardWorker
+from jaxrl_dist.backends.shard import ShardSpec, ShardWorker, slot_init_key
+from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import logs_through_logging, unrolled_threefry, use_unrolled_threefry
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
 MAX_BODY = 1 << 31
+START_TIMEOUT_S = 60.0  # an actor not started after this long (or shard_timeout, if longer) is pending
+MB = 1 << 20
+
+
+class ActorSize(NamedTuple):
+    """What one actor reserves on its node."""
+
+    num_cpus: float
+    memory: float = 0.0  # bytes; 0: none reserved
+
+    @classmethod
+    def of(cls, cfg) -> "ActorSize":
+        return cls(float(cfg.num_cpus), float(cfg.memory_mb or 0) * MB)
+
+
+def actors_fit(nodes: list, size: ActorSize) -> float:
+    """How many actors of `size` the nodes (their resource dicts, as `ray.nodes()`
+    reports them) hold at once: an actor lives on one node, so each node counts alone."""
+    total = 0.0
+    for res in nodes:
+        caps = [res.get("CPU", 0.0) / size.num_cpus] if size.num_cpus > 0 else []
+        if size.memory:
+            caps.append(res.get("memory", 0.0) / size.memory)
+        if not caps:  # nothing reserved: any number fits
+            return math.inf
+        total += math.floor(min(caps) + 1e-9)
+    return total
+
+
+def resource_error(nodes: list, size: ActorSize, n: int, key: str) -> Optional[str]:
+    """One line naming the keys when `n` actors of `size` do not fit on `nodes`; else None."""
+    fit = actors_fit(nodes, size)
+    if fit >= n:
+        return None
+    needs, lower = [], []
+    if size.num_cpus > 0:
+        cpus = sum(r.get("CPU", 0.0) for r in nodes)
+        needs.append(f"backend.num_cpus={size.num_cpus:g} x {n} shards needs {n * size.num_cpus:g} CPUs; "
+                     f"the Ray cluster has {cpus:g}")
+        lower.append("backend.num_cpus (fractions are allowed)")
+    if size.memory:
+        mem = sum(r.get("memory", 0.0) for r in nodes) / MB
+        needs.append(f"backend.memory_mb={size.memory / MB:g} x {n} shards needs {n * size.memory / MB:g} MB; "
+                     f"the Ray cluster has {mem:.0f} MB")
+        lower.append("backend.memory_mb")
+    return (f"{'; '.join(needs)} (its {len(nodes)} node(s) hold {fit:g} such actors at once): "
+            f"lower {' or '.join(lower)} or {key}")
 
 
 def _one_line(err: BaseException) -> str:
@@ -92,6 +150,24 @@ class ShardActor:
                      f"/actor-{ctx.get_actor_id()[:12]}")
         self.worker = ShardWorker(self.name)
 
+    def warm(self, spec_dict: dict) -> str:
+        """Compile the run's rollout before the first shard, so a shard's timeout
+        (counted from this call's answer) never includes a new actor's compile. A
+        stateless spec only: a sticky one's rollout would step the slot's envs."""
+        import jax
+
+        try:
+            spec = ShardSpec.from_dict(spec_dict)
+            if spec.sticky:
+                return self.name
+            prog = self.worker.program(spec)
+            params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), prog.params_template())
+            jax.block_until_ready(prog.run_one(params, prog.init_slot(slot_init_key(0, 0)),
+                                               np.zeros(2, np.uint32)))
+        except Exception:  # noqa: BLE001 - the first shard meets the same error and reports it
+            pass
+        return self.name
+
     def ping(self) -> str:
         return self.name
 
@@ -117,14 +193,36 @@ class ShardActor:
         return wire.encode_response(req.slot, out, timings, reset, self.name)
 
 
+class Startup:
+    """An actor's start, in two answers: its ping (placed on a node, its process up)
+    and its warm-up (the run's rollout compiled: ready for shards), with when each
+    was seen (`perf_counter`). A failed answer counts as seen: the shard reports it."""
+
+    def __init__(self, ping, warm):
+        self.refs = {"placed": ping, "ready": warm}
+        self.at: dict = {}
+
+    def seen(self, stage: str) -> Optional[float]:
+        if stage not in self.at and ray.wait([self.refs[stage]], timeout=0)[0]:
+            self.at[stage] = time.perf_counter()
+        return self.at.get(stage)
+
+    def waiting(self) -> dict:
+        """Ref -> stage, for the answers not seen yet."""
+        return {ref: stage for stage, ref in self.refs.items() if stage not in self.at}
+
+
 class RayBackend:
     name = "ray"
     actor_class = ShardActor  # what each slot's actor runs (a subclass may override)
+    start_timeout_s = START_TIMEOUT_S
 
     def __init__(self, cfg):
         self.cfg = cfg
         self.retry = RetryPolicy.from_config(cfg)
         self._actors: dict = {}  # slot -> actor handle
+        self._life: dict = {}  # slot -> its actor's `Startup`
+        self.size = ActorSize.of(cfg)
         self._owns_runtime = False
         self.job: Optional[Job] = None
 
@@ -134,8 +232,18 @@ class RayBackend:
         self.job = job
         self._templates = wire.output_templates(job.program)
         self._connect()
+        self._check_resources(job.max_shards or self.cfg.max_shards, job.shards_key)
         self._remote = ray.remote(self.actor_class)
         self._setup = _actor_setup(same_host=not self.cfg.address)
+        self._spec = job.spec.to_dict()  # plain data: each actor compiles it as it starts
+
+    def _check_resources(self, n: int, key: str) -> None:
+        """`ConfigError` (one line) when `n` actors cannot all be placed at once."""
+        nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        line = resource_error(nodes, self.size, n, key)
+        if line is not None:
+            self.close()  # a runtime this backend started goes with it
+            raise ConfigError(line)
 
     def _connect(self) -> None:
         if ray.is_initialized():
@@ -155,7 +263,7 @@ class RayBackend:
                     ) from err
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
-                cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus))
+                cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus - 1e-9))
                 # "local": a new runtime, never one that `ray start` or RAY_ADDRESS names;
                 # actors at the driver's priority (Ray's default niceness 15 starves
                 # them whenever anything else wants the CPUs)
@@ -169,6 +277,7 @@ class RayBackend:
             for actor in self._actors.values():
                 ray.kill(actor, no_restart=True)
         self._actors.clear()
+        self._life.clear()
         if self._owns_runtime and ray.is_initialized():
             ray.shutdown()
         self._owns_runtime = False
@@ -176,10 +285,32 @@ class RayBackend:
     # -- actors ------------------------------------------------------------
 
     def _new_actor(self, slot: int):
-        actor = self._remote.options(num_cpus=self.cfg.num_cpus, scheduling_strategy="SPREAD",
-                                     max_restarts=0, max_task_retries=0).remote(self._setup)
+        memory = {"memory": int(self.size.memory)} if self.size.memory else {}
+        actor = self._remote.options(num_cpus=self.size.num_cpus, scheduling_strategy="SPREAD",
+                                     max_restarts=0, max_task_retries=0, **memory).remote(self._setup)
         self._actors[slot] = actor
+        self._life[slot] = Startup(actor.ping.remote(), actor.warm.remote(self._spec))
         return actor
+
+    def started(self, slot: int) -> Optional[float]:
+        """When slot `slot`'s actor was seen ready for shards (`perf_counter`); None while
+        it is pending or compiling."""
+        life = self._life.get(slot)
+        return None if life is None else life.seen("ready")
+
+    def placed(self, slot: int) -> Optional[float]:
+        """When slot `slot`'s actor was seen running (placed, its process up); None while pending."""
+        life = self._life.get(slot)
+        return None if life is None else life.seen("placed")
+
+    def pending_line(self, slot: int, waited: float) -> tuple:
+        """`(one line, whether the cluster has room for it now)` for an actor not started."""
+        free, total = ray.available_resources(), ray.cluster_resources()
+        room = actors_fit([free], self.size) >= 1
+        size = f"backend.num_cpus={self.size.num_cpus:g}" + (
+            f", backend.memory_mb={self.size.memory / MB:g}" if self.size.memory else "")
+        return (f"the actor for slot {slot} is pending: not started after {waited:.0f} s ({size}; "
+                f"the Ray cluster has {free.get('CPU', 0.0):g} of {total.get('CPU', 0.0):g} CPUs free)"), room
 
     def _actor(self, slot: int):
         actor = self._actors.get(slot)
@@ -231,7 +362,7 @@ class _Round:
         self.backend, self.tasks, self.params_ref = backend, tasks, params_ref
         n = len(tasks)
         self.bodies, self.replies, self.tries = [None] * n, [None] * n, [0] * n
-        self.pending, self.deadlines = {}, {}  # ref -> task index; task index -> deadline
+        self.pending, self.submitted = {}, {}  # ref -> task index; task index -> when it went
         self.later = {}  # task index -> when it goes again (a failed shard waiting out its backoff)
         self.sent, self.received = params_bytes, 0
         self.transfer = 0.0  # driver time decoding results (encoding counts as dispatch)
@@ -239,13 +370,25 @@ class _Round:
     def submit(self, i: int) -> None:
         ref = self.backend._actor(self.tasks[i].slot).run.remote(self.params_ref, self.bodies[i])
         self.pending[ref] = i
-        self.deadlines[i] = time.perf_counter() + self.backend.cfg.shard_timeout
+        self.submitted[i] = time.perf_counter()
         self.sent += len(self.bodies[i])
 
-    def failed(self, i: int, why: str, dead: bool) -> None:
+    def due(self, i: int, now: float) -> float:
+        """When shard `i` is next looked at: its timeout counts from when it went or
+        its actor started, whichever is later; a pending actor is looked at often."""
+        backend, went = self.backend, self.submitted[i]
+        timeout = backend.cfg.shard_timeout
+        slot, limit = self.tasks[i].slot, max(timeout, backend.start_timeout_s)
+        up = backend.started(slot)
+        if up is not None:
+            return max(went, up) + timeout
+        placed = backend.placed(slot)  # compiling: bounded from when it was placed
+        return min((went if placed is None else max(went, placed)) + limit, now + 0.25)
+
+    def failed(self, i: int, why: str, dead: bool, retryable: bool = True) -> None:
         """The retry policy decides, as for every backend; the wait is served by the
         polling loop, so the other shards' answers are taken meanwhile."""
-        slot, error, retry = self.tasks[i].slot, Failure(why), self.backend.retry
+        slot, error, retry = self.tasks[i].slot, Failure(why, retryable), self.backend.retry
         if not retry.allows(self.tries[i] + 1, error):
             count = f"{self.tries[i] + 1} {'try' if self.tries[i] == 0 else 'tries'}"
             raise BackendError(f"ray shard for slot {slot} failed after {count}: {why}")
@@ -260,7 +403,7 @@ class _Round:
         for i in [i for i, due in self.later.items() if due <= now]:
             del self.later[i]
             self.submit(i)
-        times = [self.deadlines[i] for i in self.pending.values()] + list(self.later.values())
+        times = [self.due(i, now) for i in self.pending.values()] + list(self.later.values())
         return max(0.0, min(times) - now) if times else None
 
     def gather(self) -> None:
@@ -270,10 +413,21 @@ class _Round:
             if not refs:  # every shard left is waiting out its backoff
                 time.sleep(wait)
                 continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            starting = self._starting()  # their answers start their shards' clocks
+            ready, _ = ray.wait(refs + list(starting), num_returns=1, timeout=wait)
             for ref in ready:
-                self._take(ref)
+                if ref in starting:
+                    starting[ref][0].seen(starting[ref][1])
+                else:
+                    self._take(ref)
             self._expire()
+
+    def _starting(self) -> dict:
+        """Ref -> (`Startup`, stage), for the start answers of the pending shards' actors
+        not seen yet."""
+        lives = [self.backend._life.get(self.tasks[i].slot) for i in self.pending.values()]
+        return {ref: (life, stage) for life in lives if life is not None
+                for ref, stage in life.waiting().items()}
 
     def _take(self, ref) -> None:
         i = self.pending.pop(ref)
@@ -295,8 +449,18 @@ class _Round:
         self.replies[i], self.received = reply, self.received + len(body)
 
     def _expire(self) -> None:
-        now = time.perf_counter()
+        now, backend = time.perf_counter(), self.backend
         for ref, i in list(self.pending.items()):
-            if self.deadlines[i] <= now:
-                del self.pending[ref]  # its actor is killed; the late answer is dropped
-                self.failed(i, f"no answer after {self.backend.cfg.shard_timeout:g} s", dead=True)
+            if self.due(i, now) > now:
+                continue
+            del self.pending[ref]  # its actor is killed; a late answer is dropped
+            slot = self.tasks[i].slot
+            if backend.started(slot) is not None:
+                self.failed(i, f"no answer after {backend.cfg.shard_timeout:g} s", dead=True)
+            elif backend.placed(slot) is not None:
+                waited = now - max(self.submitted[i], backend.placed(slot))
+                self.failed(i, f"the actor for slot {slot} did not finish starting (importing, "
+                               f"compiling) in {waited:.0f} s", dead=True)
+            else:  # never placed: a new actor helps only if the cluster has room for one
+                line, room = backend.pending_line(slot, now - self.submitted[i])
+                self.failed(i, line, dead=True, retryable=room)

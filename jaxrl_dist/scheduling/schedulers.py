@@ -82,6 +82,10 @@ class Scheduler:
         done, without a history; what `expected_shards` averages."""
         return self.propose(round_, [])
 
+    def most_shards(self) -> int:
+        """The most shards a round of this scheduler may ask for."""
+        return self.max_shards
+
     def expected_shards(self) -> float:
         """Mean shards per round over the run; without the full config (total
         steps unknown), the middle of the bounds."""
@@ -103,6 +107,9 @@ class FixedScheduler(Scheduler):
 
     def propose(self, round_: int, history: list) -> float:
         return self.n
+
+    def most_shards(self) -> int:
+        return self.clip(self.n)
 
     def expected_shards(self) -> float:
         return float(self.clip(self.n))

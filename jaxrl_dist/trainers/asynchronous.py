@@ -427,7 +427,10 @@ class AsyncTrainer:
         writes each update's record, cost, checkpoint and balance decision while
         the next update computes (and stops the run at the target or budget)."""
         self._setup_run(t_start)
-        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program))
+        first, top = actor_range(self.cfg, self.backend)  # the most actors (slots) in flight at once
+        most = (top, "async.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
+            first, "async.actors")
+        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *most))
         train, version = self.state.train, int(self.state.round)
         env_steps = steps_done(history, self.learner.steps_per_shard)
         records = []

@@ -275,6 +275,14 @@ class RoundTrainer:
             return None
         return n
 
+    def _shard_bound(self) -> tuple:
+        """`(most shards a round may run, the keys that set it)`, for the backend's checks."""
+        most = getattr(self.scheduler, "most_shards", None)
+        if most is None:  # a plugin scheduler without it: every slot
+            return self.cfg.backend.max_shards, "backend.max_shards"
+        fixed = self.cfg.scheduler.name == "fixed"
+        return most(), "scheduler.num_shards" if fixed else "scheduler.max_shards/backend.max_shards"
+
     def _start_clocks(self, t_start: Optional[float]) -> None:
         """The modeled clock and dollars, and the measured clock, continuing the checkpoint's."""
         modeled, usd, self._wall0 = clock_start(self.state.clock, t_start)
@@ -287,7 +295,7 @@ class RoundTrainer:
         `t_start`: when the measured clock started (`time.perf_counter()`; default now)."""
         cfg = self.cfg
         self._start_clocks(t_start)
-        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program))
+        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program, *self._shard_bound()))
         train, r = self.state.train, int(self.state.round)
         table = None if self.state.table is None else SlotTable(self.state.table)
         env_steps = steps_done(history, self.learner.steps_per_shard)

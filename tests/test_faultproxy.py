@@ -1,0 +1,135 @@
+"""The loopback fault proxy (tests/tools/faultproxy.py) on its own, in front of a
+small HTTP server: each kind of fault on a first attempt, retries relayed
+untouched, the same choice from the same seed, added latency, and its log."""
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from tools.faultproxy import FAULTS, FaultProxy, fault_for
+
+
+class Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as httpx uses it
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def post(conn: http.client.HTTPConnection, shard: str, attempt: int, body: bytes = b"shard") -> int:
+    conn.request("POST", "/v1/rollout", body, {"x-shard": shard, "x-attempt": str(attempt)})
+    resp = conn.getresponse()
+    data = resp.read()
+    assert resp.status != 200 or data == body
+    return resp.status
+
+
+def shard_with(fault: str, seed: int) -> str:
+    """A `run/round/slot` whose first attempt gets `fault` when every first attempt is hit."""
+    r = next(r for r in range(100) if fault_for(seed, str(r), "0", 1.0, FAULTS) == fault)
+    return f"run/{r}/0"
+
+
+def test_each_fault_hits_first_attempts_only_and_is_logged(upstream, tmp_path):
+    seed = 7
+    proxy = FaultProxy(upstream, tmp_path / "log.json", share=1.0, seed=seed, fault_delay_s=0.5)
+    port = proxy.port
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        assert post(conn, shard_with("500", seed), 0) == 500  # answered by the proxy ...
+        assert post(conn, shard_with("500", seed), 1) == 200  # ... its retry relayed
+        drop = shard_with("drop", seed)
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            post(conn, drop, 0)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        assert post(conn, drop, 1) == 200
+        t0 = time.perf_counter()
+        assert post(conn, shard_with("delay", seed), 0) == 200  # late, past a short timeout
+        assert time.perf_counter() - t0 >= 0.5
+        stats = proxy.stats()
+    finally:
+        log = proxy.stop()
+    assert log == stats
+    assert log["faults"] == {"delay": 1, "drop": 1, "500": 1} and log["first_attempts"] == 3
+    assert log["retries"] == 2 and log["relayed"] == 3
+    assert [f["fault"] for f in log["injected"]] == ["500", "drop", "delay"]
+
+
+def test_the_choice_is_the_seeds_and_the_share_is_kept():
+    picks = [fault_for(0, str(r), str(s), 0.1, FAULTS) for r in range(500) for s in range(8)]
+    assert picks == [fault_for(0, str(r), str(s), 0.1, FAULTS) for r in range(500) for s in range(8)]
+    share = sum(p is not None for p in picks) / len(picks)
+    assert 0.08 < share < 0.12, share
+    assert {p for p in picks if p} == set(FAULTS)
+    assert picks != [fault_for(1, str(r), str(s), 0.1, FAULTS) for r in range(500) for s in range(8)]
+
+
+def test_latency_delays_each_chunk_and_keeps_the_order(upstream, tmp_path):
+    proxy = FaultProxy(upstream, tmp_path / "log.json", latency_ms=40, jitter_ms=20, seed=1)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+        bodies = [bytes([i]) * (1 + 5000 * i) for i in range(6)]
+        t0 = time.perf_counter()
+        for i, body in enumerate(bodies):  # responses arrive whole and in order
+            assert post(conn, f"run/{i}/0", 1, body) == 200
+        per_request = (time.perf_counter() - t0) / len(bodies)
+    finally:
+        log = proxy.stop()
+    assert per_request >= 0.04, per_request  # at least one delayed chunk each way, mean 40 ms
+    assert log["relayed"] == 6 and sum(log["faults"].values()) == 0
+
+
+def test_delayed_chunks_are_pipelined_and_never_overtake():
+    """Delays 0.3, 0, 0.2, 0, 0.3 s, all written at once: the chunks arrive in order,
+    the whole in about the largest delay (not the sum: pipelined)."""
+    import asyncio
+
+    from tools.faultproxy import DelayedWriter
+
+    async def main():
+        got, done = [], asyncio.Event()
+
+        async def reader(r, w):
+            while len(got) < 5:
+                got.append((await r.readexactly(1), time.perf_counter()))
+            done.set()
+            w.close()
+
+        server = await asyncio.start_server(reader, "127.0.0.1", 0)
+        _, w = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        delays = iter([0.3, 0.0, 0.2, 0.0, 0.3])
+        out = DelayedWriter(w, lambda: next(delays))
+        t0 = time.perf_counter()
+        for i in range(5):
+            out.write(bytes([i]))
+        await out.flush()
+        await done.wait()
+        out.close()
+        server.close()
+        return t0, got
+
+    t0, got = asyncio.run(main())
+    assert [g[0] for g in got] == [bytes([i]) for i in range(5)]
+    times = [t - t0 for _, t in got]
+    assert times[0] >= 0.29 and times[1] >= times[0]  # the second waits for the first
+    assert 0.29 <= times[-1] < 0.6, times  # 0.3 s in all, not 0.8
