@@ -19,6 +19,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from conftest import runs_once
 from test_async import assert_every_chunk_once, config as async_config, records
 from tools import chaos
 from tools.faultproxy import FAULTS, FaultProxy, fault_for
@@ -81,15 +82,8 @@ def assert_rounds_whole(run_dir: Path, rounds: int, shards: int = SHARDS) -> Non
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     """Fault-free local runs, by rounds: the parameters every faulted run must end with."""
-    cache = {}
-
-    def run(rounds: int) -> dict:
-        if rounds not in cache:
-            root = tmp_path_factory.mktemp(f"clean{rounds}")
-            cache[rounds] = train(sync_config(root / "run", {"name": "local"}, rounds))
-        return cache[rounds]
-
-    return run
+    return runs_once(tmp_path_factory, "clean", lambda rounds, root: train(
+        sync_config(root / "run", {"name": "local"}, rounds)))
 
 
 # -- local: a registered plugin that wraps the local backend -------------------------

@@ -20,6 +20,7 @@ import pytest
 from jaxrl_dist.config import ConfigError, from_dict
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.runner import train
+from conftest import runs_once
 from test_async import assert_every_chunk_once
 from test_checkpoint import cli_env, command, finished_steps
 
@@ -251,15 +252,8 @@ def twins(tmp_path_factory):
     """The uninterrupted run of each `KILLED` config, made on first use."""
     from jaxrl_dist.cli import load_config
 
-    made = {}
-
-    def twin(name: str) -> dict:
-        if name not in made:
-            run_dir = tmp_path_factory.mktemp(f"twin-{name}")
-            made[name] = train(load_config(KILLED[name][0] + [f"run.dir={run_dir}"]))
-        return made[name]
-
-    return twin
+    return runs_once(tmp_path_factory, "twin-", lambda name, run_dir: train(
+        load_config(KILLED[name][0] + [f"run.dir={run_dir}"])))
 
 
 @pytest.mark.slow  # 10 points x 4 configs, a killed CLI run and a resume each
