@@ -82,6 +82,9 @@ def test_staleness_never_exceeds_the_bound_with_stragglers(tmp_path, bound):
     assert summary["cost_usd"] > 0 and summary["modeled_seconds"] > 0
 
 
+# under slow: tests/test_resume.py kills async runs at 10 random points each (slow), and
+# tests/test_checkpoint.py keeps one killed-run resume in the default suite
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     """SIGKILL mid-run, then `run.resume`: the chunks that were queued or running
     are made again from the checkpointed slot states, none lost or learned twice."""
@@ -306,6 +309,8 @@ def _killing(monkeypatch, cls, slot: int, index: int, kill) -> list:
     return done
 
 
+# under slow: test_ray.py keeps a killed actor replaced and its shard retried in the default suite
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 def test_a_killed_ray_actor_is_replaced_without_losing_or_doubling_a_chunk(tmp_path, monkeypatch):
     """Staleness 0 on a Ray runtime: slot 1's actor is killed before its third chunk;

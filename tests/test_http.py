@@ -218,6 +218,8 @@ def test_dead_and_hung_endpoints_are_retried_elsewhere(server, tmp_path, local_d
     assert all(r["retries"] >= 2 and r["num_shards"] == 2 for r in records)
 
 
+# under slow: dead and hung endpoints retried elsewhere stay in the default suite
+@pytest.mark.slow
 def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     """Kill the only function mid-run: the run stops with one line after its
     retries, its last checkpoint is intact, and resuming it against a new

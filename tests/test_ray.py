@@ -151,6 +151,7 @@ class TestOnARuntime:
             local.close()
         assert ray.is_initialized()  # not the backend's runtime: left running
 
+    @pytest.mark.slow  # envpool's reset on a new worker: test_http.py's sticky-slot test covers it by default
     def test_a_replaced_envpool_actor_resets_its_slot(self):
         """envpool slots live on their actor: its replacement starts that slot's envs afresh."""
         pytest.importorskip("envpool")

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import json
 import jax, numpy as np
@@ -31,6 +33,7 @@ def run(devices: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two fused runs in fresh processes, 34 s
 def test_seed_results_do_not_depend_on_the_device_split():
     one, two = run(1), run(2)
     assert one["devices"] == 1 and two["devices"] == 2
