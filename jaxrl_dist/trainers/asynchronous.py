@@ -506,7 +506,7 @@ class AsyncTrainer:
         """The late stop conditions, the checkpoint and the balance step of an update."""
         cfg, a = self.cfg, self.cfg.asynchronous
         self._late_stop = self._late_stop or self._stop_late(so_far)
-        if (cfg.run.checkpoint_every and version % cfg.run.checkpoint_every == 0) or self.ckpt.due():
+        if self.ckpt.due(version):
             self._save_async(train, version)
         if a.balance and version % a.balance_every == 0:
             self.pool.set_active(self.balancer.step())

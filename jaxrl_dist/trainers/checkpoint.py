@@ -70,8 +70,12 @@ def _file_digests(step_dir: Path) -> dict:
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
         rel = path.relative_to(step_dir).as_posix()
         if not rel.startswith(MANIFEST):
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[rel] = _sha256(path)
     return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def write_manifest(step_dir: Path) -> None:
@@ -94,7 +98,7 @@ def manifest_problem(step_dir: Path) -> Optional[str]:
         path = step_dir / rel
         if not path.is_file():
             return f"{rel} is missing"
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if _sha256(path) != digest:
             return f"{rel} does not match its sha256"
     return None
 
@@ -131,15 +135,16 @@ def _say(line: str) -> None:
 class Checkpointer:
     """Saves the runner under `RUN_DIR/checkpoints/<update>`; one manager per run.
 
-    `every_s` > 0: `due()` says when that many seconds passed since the last save
-    (or `restart_clock()`), for the trainers' time-based checkpoints."""
+    `due(count)` is every trainer's checkpoint schedule: every `every` updates or
+    rounds (`run.checkpoint_every`), and every `every_s` seconds since the last save
+    or `restart_clock()` (`run.checkpoint_every_s`); 0 turns either off."""
 
-    def __init__(self, run_dir: Path, every_s: float = 0.0):
+    def __init__(self, run_dir: Path, every: int = 0, every_s: float = 0.0):
         self.run_dir = Path(run_dir).resolve()
         with _quiet_orbax():  # it reads the steps' metadata, and logs a damaged one's
             self._mngr = _manager(run_dir)
         self.seconds = 0.0  # spent in `save`, for the run summary
-        self.every_s, self._last = float(every_s), time.monotonic()
+        self.every, self.every_s, self._last = int(every), float(every_s), time.monotonic()
 
     def latest_step(self) -> Optional[int]:
         return self._mngr.latest_step()
@@ -150,8 +155,11 @@ class Checkpointer:
     def restart_clock(self) -> None:
         self._last = time.monotonic()
 
-    def due(self) -> bool:
-        """Whether a time-based checkpoint is due (`every_s` seconds since the last)."""
+    def due(self, count: int) -> bool:
+        """Whether a checkpoint is due after `count` updates (or rounds): a multiple of
+        `every`, or `every_s` seconds since the last."""
+        if self.every and count % self.every == 0:
+            return True
         return self.every_s > 0 and time.monotonic() - self._last >= self.every_s
 
     def save(self, runner, step: Optional[int] = None) -> int:

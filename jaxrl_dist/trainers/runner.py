@@ -92,7 +92,6 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
     """
     cfg, derived = setup.cfg, setup.derived
     steps_per_chunk = K * derived.batch_size * cfg.num_seeds
-    every = cfg.run.checkpoint_every
     records, pending, t_ready = [], None, time.perf_counter()
     ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
 
@@ -116,7 +115,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
         if pending is not None:
             drain(pending)
         pending = (c, metrics)
-        if (every and ((c + 1) * K) % every == 0) or ckpt.due():
+        if ckpt.due((c + 1) * K):
             drain(pending)
             pending = None
             ckpt.save(runner)
@@ -180,7 +179,8 @@ def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
         checkpoint.save_run_config(run_dir, to_dict(cfg))
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
-    return env, setup, checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every_s), K
+    ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every, cfg.run.checkpoint_every_s)
+    return env, setup, ckpt, K
 
 
 def _rounding_note(cfg: Config) -> None:

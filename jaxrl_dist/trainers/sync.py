@@ -187,7 +187,7 @@ def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardPart
     spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
     program = probe if spec == probe.spec else ShardProgram(spec)
     learner = make_learner(cfg, program.network, program.env.spec, expected_shards)
-    ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every_s)
+    ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every, cfg.run.checkpoint_every_s)
     return ShardParts(spec, program, learner, make_backend(cfg.backend), ckpt)
 
 
@@ -311,7 +311,7 @@ class RoundTrainer:
                 r, env_steps = r + 1, rec.env_steps
                 logger.log([rec])
                 records.append(rec)
-                if (cfg.run.checkpoint_every and r % cfg.run.checkpoint_every == 0) or self.ckpt.due():
+                if self.ckpt.due(r):
                     self._save(train, table, r)
                 if interrupt.requested():  # Ctrl-C: save what is done and stop
                     self._save(train, table, r)
