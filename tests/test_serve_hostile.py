@@ -133,8 +133,12 @@ def test_lying_and_slow_clients_are_timed_out(server):
 def test_beyond_max_concurrent_is_503_with_retry_after(server):
     """More concurrent rollouts than serve.max_concurrent: the rest are told when to
     come back, none is dropped."""
-    ok = hostile.Generator(0, 2**20).ok()
-    tally = hostile.run_cases(server.url, [ok] * 12, threads=12)
+    gen = hostile.Generator(0, 2**20)
+    # a longer rollout first: a new program to compile, so the worker is busy while the
+    # others arrive (warm CartPole shards alone can finish before the queue fills)
+    long = hostile.Case("valid:long", hostile.pack(hostile.mutate(gen.data, ("spec", "num_steps"), 2048)),
+                        hostile.AUTH, frozenset({200}))
+    tally = hostile.run_cases(server.url, [long] + [gen.ok()] * 12, threads=13)
     assert tally.dropped == 0 and tally.server_errors == 0
     assert tally.busy > 0 and tally.by_status.get(200, 0) > 0, tally
 
