@@ -43,6 +43,7 @@ def import_brax_envs():
 
 
 def brax_ids() -> list:
+    # brax lists its tasks only in this registry (`register_environment` adds to it)
     return sorted(import_brax_envs()._envs)
 
 
