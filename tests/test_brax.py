@@ -49,6 +49,14 @@ def test_auto_resolves_brax_ids():
     assert resolve_suite("CartPole-v1") == "gymnax"
 
 
+def test_missing_brax_names_the_extra(monkeypatch):
+    from jaxrl_dist.envs.brax_env import BraxSuite
+
+    monkeypatch.setattr(BraxSuite, "installed", classmethod(lambda cls: False))  # as without brax
+    msg = one_line_error(env_id="hopper", suite="brax")
+    assert "env.suite=brax" in msg and "jaxrl-dist[brax]" in msg
+
+
 def test_bad_brax_kwargs_name_the_key():
     msg = one_line_error(env_id="hopper", suite="brax", kwargs={"pipeline": "warp"})
     assert "env.kwargs.pipeline" in msg and "spring" in msg
