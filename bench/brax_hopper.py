@@ -4,7 +4,7 @@ preset composed by Hydra, then `trainers.runner.train`) and record its speed and
     python bench/brax_hopper.py [OVERRIDE ...] [--out bench/out/brax_hopper.json]
 
 OVERRIDEs are `jaxrl-dist train` keys (`algo.total_timesteps=5e5`, `env.kwargs.pipeline=
-generalized`, `num_seeds=4`). Writes the machine, the settings, compile and training
+generalized`, `num_seeds=4`; `env=brax_ant` runs another preset). Writes the machine, the settings, compile and training
 seconds, env steps/s over all seeds (compile apart), the final return per seed and the
 curve (env steps vs the return of each logged update) to JSON.
 """
@@ -29,7 +29,9 @@ BASE = ["trainer=fused", "env=brax_hopper", "run.progress=false", "run.tensorboa
 
 def run(overrides, run_dir: str) -> dict:
     """The summary of one fused run of the preset with `overrides`, and its curve."""
-    cfg = load_config(BASE + list(overrides) + [f"run.dir={run_dir}"])
+    other_env = any(o.startswith("env=") for o in overrides)  # another preset replaces hopper's
+    base = [o for o in BASE if not (other_env and o.startswith("env="))]
+    cfg = load_config(base + list(overrides) + [f"run.dir={run_dir}"])
     summary = train(cfg, run_dir)
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     curve = {"env_steps": [r["env_steps"] for r in rows], "return": [r.get("return") for r in rows]}
