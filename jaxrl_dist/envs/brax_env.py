@@ -10,8 +10,9 @@ truncation, kept apart from the task's own termination: the transition
 keeps the pre-reset observation as `final_obs`, so truncation bootstraps.
 
 `env.kwargs.pipeline` picks brax's physics pipeline (brax calls it
-`backend`): generalized, positional, spring or mjx. The default, spring, is
-the fastest on CPU here and learns Hopper (see bench/RESULTS.md).
+`backend`): generalized, positional, spring or mjx. The default, positional,
+is the second fastest on CPU here (spring is about twice as fast) and the one
+on which PPO learns Hopper best per step and per second (bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from jaxrl_dist.envs.base import EnvMakeError, Suite
 from jaxrl_dist.envs.gymnax_env import _per_env_keys
 
 PIPELINES = ("generalized", "positional", "spring", "mjx")
-DEFAULT_PIPELINE = "spring"
+DEFAULT_PIPELINE = "positional"
 EPISODE_LENGTH = 1000
 
 
