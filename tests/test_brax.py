@@ -87,8 +87,8 @@ def test_hopper_termination_and_truncation_stay_apart():
     np.testing.assert_array_equal(outs.obs[~ended], outs.final_obs[~ended])
 
 
-# final returns (the episodes of the last 10% of updates) of 1,541 and 1,576 in two seeds at
-# this budget on CPU, on the preset's positional pipeline (bench/RESULTS.md); a random
+# final returns (the episodes of the last 10% of updates) of 1,403, 1,541 and 1,576 in three
+# seeds at this budget on CPU, on the preset's positional pipeline (bench/RESULTS.md); a random
 # policy gets about 40 an episode
 HOPPER_STEPS, HOPPER_MIN_RETURN = 500_000, 1000.0
 
