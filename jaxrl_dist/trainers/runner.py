@@ -17,6 +17,7 @@ writes (the end-of-run one too: ~0.1 s of orbax however small the state),
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -161,12 +162,23 @@ def train(cfg: Config, run_dir=None) -> dict:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
-    with interrupt.stop_on_sigint():  # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
+    # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
+    with interrupt.stop_on_sigint(), _profiling(cfg.run.profile_dir):
         if cfg.trainer.name == "async":
             return train_async(cfg, run_dir, resuming, t_start)
         if cfg.trainer.name == "sync":
             return train_rounds(cfg, run_dir, resuming, t_start)
         return _train_fused(cfg, run_dir, resuming, t_start)
+
+
+@contextlib.contextmanager
+def _profiling(trace_dir):
+    """A JAX profiler trace under `trace_dir` while the run lasts (`run.profile_dir`)."""
+    if not trace_dir:
+        yield
+        return
+    with jax.profiler.trace(str(trace_dir)):
+        yield
 
 
 def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
