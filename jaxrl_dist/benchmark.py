@@ -16,7 +16,8 @@ envpool Pong's time to reach given scores, and the data-parallel learner's
 scaling over 1..all devices (`trainer.devices`). `--budget-s` never lets the suite
 run past its budget: a case that cannot start in what is left is skipped, one
 that runs out of it is killed; the JSON is written after every case, and
-`--resume` skips the cases it already holds, so a budget can be spent in parts.
+`--resume` skips the cases it already holds (`done_before`), so a budget can be
+spent in parts.
 """
 from __future__ import annotations
 
@@ -438,11 +439,14 @@ def run_case(case: Case, opts: Options, clock: Clock, presets: Sequence[str], ma
 
 
 def done_before(result: Optional[dict]) -> bool:
-    """Whether `--resume` keeps a recorded case: finished, failed, or killed at its own cap
-    (a case skipped or killed for want of budget runs again)."""
+    """Whether `--resume` keeps a recorded case: finished, failed, or killed after some
+    chunks (their steps/s are a measurement; on a device with minutes in all, a second
+    call is better spent on the cases not yet run). A case skipped, or killed before its
+    first chunk, runs again."""
     if not result:
         return False
-    return result["status"] in ("ok", "failed") or (result["status"] == "killed" and result.get("limit") == "cap")
+    return result["status"] in ("ok", "failed") or (
+        result["status"] == "killed" and bool((result.get("figures") or {}).get("sps")))
 
 
 # --- the device, and the outputs -----------------------------------------------------------------
@@ -592,9 +596,11 @@ def markdown(data: dict) -> str:
     pong = data["cases"].get("pong_score")
     if pong and pong.get("figures"):
         reached = pong.get("time_to_score") or []
-        lines += ["## Pong: time to score", "", f"Best return {_num(pong['figures'].get('best_return'))}.", "",
-                  *_table(("score (mean of 5 updates)", "train s", "env steps"),
-                          [[d["score"], _num(d["train_seconds"]), _num(d["env_steps"])] for d in reached]), ""]
+        table = _table(("score (mean of 5 updates)", "train s", "env steps"),
+                       [[d["score"], _num(d["train_seconds"]), _num(d["env_steps"])] for d in reached])
+        lines += ["## Pong: time to score", "", f"Best return {_num(pong['figures'].get('best_return'))}; "
+                  f"scores timed: {', '.join(f'{x:g}' for x in SCORES)}.", "",
+                  *(table if reached else ["No score reached."]), ""]
     lines += ["## Against published figures", "", *_table(
         ("system", "task", "published", "their hardware", "here (case: measured)", "this device"),
         anchor_rows(data)), "", "## Targets on one H200 GPU", "",

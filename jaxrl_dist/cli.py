@@ -117,7 +117,7 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--cases", metavar="A,B", help="a subset of the cases (comma-separated)")
     bench.add_argument("--resume", action="store_true",
                        help="keep the cases --out's bench.json already holds (done, failed, or killed "
-                       "at their own cap); run the others")
+                       "after some chunks); run the others")
     bench.add_argument("--out", default="outputs/bench", metavar="DIR", help="output directory "
                        "(default outputs/bench)")
     bench.add_argument("--profile", metavar="CASE",

@@ -97,10 +97,10 @@ def test_chunk_rates_and_time_to_score_from_records():
     assert fig["best_return"] == -5.0 and fig["num_seeds"] == 2
 
 
-def test_resume_keeps_done_and_reruns_what_the_budget_cut():
+def test_resume_keeps_what_was_measured_and_reruns_the_rest():
     assert benchmark.done_before({"status": "ok"}) and benchmark.done_before({"status": "failed"})
-    assert benchmark.done_before({"status": "killed", "limit": "cap"})
-    assert not benchmark.done_before({"status": "killed", "limit": "budget"})
+    assert benchmark.done_before({"status": "killed", "figures": {"sps": 1e6}})
+    assert not benchmark.done_before({"status": "killed", "figures": {"process_seconds": 9.0}})
     assert not benchmark.done_before({"status": "skipped", "reason": "budget"})
     assert benchmark.device_counts(8) == [1, 2, 4, 8] and benchmark.device_counts(6) == [1, 2, 4, 6]
 
