@@ -78,24 +78,24 @@ def _cartpole(seeds: int, cap: float, quick: tuple) -> Case:
 
 
 CASES = {c.name: c for c in (
-    _cartpole(1, 120, ("algo.total_timesteps=8192",)),
-    _cartpole(64, 120, ("algo.total_timesteps=2048",)),
-    _cartpole(2048, 240, ("algo.num_steps=32", "algo.total_timesteps=128")),
+    _cartpole(1, 60, ("algo.total_timesteps=8192",)),
+    _cartpole(64, 90, ("algo.total_timesteps=2048",)),
+    _cartpole(2048, 150, ("algo.num_steps=32", "algo.total_timesteps=128")),
     Case("minatar_breakout", "Breakout-MinAtar, 256 seeds x 64 envs",
          ("env=breakout_minatar", "num_seeds=256"), Size(("algo.total_timesteps=10000000",), 420, 60),
          Size(("env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 30, 8),
          preset="breakout_minatar"),
-    Case("brax_hopper", "brax Hopper, 64 seeds", ("env=brax_hopper", "num_seeds=64"),
-         Size(("algo.total_timesteps=5000000",), 240, 90),
-         Size(("num_seeds=2", "env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 60, 15),
+    Case("brax_hopper", "brax Hopper, 256 seeds x 64 envs", ("env=brax_hopper", "num_seeds=256"),
+         Size(("algo.total_timesteps=1000000",), 150, 60),
+         Size(("num_seeds=2", "env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 60, 20),
          needs=("brax",), preset="brax_hopper"),
     Case("pong_score", "envpool Pong-v5, time to score", ("env=pong", "run.log_chunks=200"),
-         Size(("env.num_envs=32", "algo.total_timesteps=10000000"), 150, 45),
+         Size(("env.num_envs=32", "algo.total_timesteps=10000000"), 100, 40),
          Size(("env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 30, 8),
          kind="score", needs=("envpool",), preset="pong"),
     Case("scaling", "CartPole-v1, 64 envs, 4 epochs x 4 minibatches, over 1..all devices",
          ("env=cartpole", "env.num_envs=64", "algo.minibatch_size=null", "algo.num_minibatches=4",
-          "algo.update_epochs=4"), Size(("algo.total_timesteps=409600",), 180, 30),
+          "algo.update_epochs=4"), Size(("algo.total_timesteps=409600",), 90, 25),
          Size(("algo.total_timesteps=32768",), 40, 16), kind="scaling", preset="cartpole"),
 )}
 assert tuple(CASES) == ORDER
