@@ -71,16 +71,16 @@ class Case(NamedTuple):
     preset: Optional[str] = None  # the env preset it runs
 
 
-def _cartpole(seeds: int, cap: float, quick: tuple) -> Case:
+def _cartpole(seeds: int, cap: float, quick: tuple, quick_cap: float = 45) -> Case:
     return Case(f"cartpole_{seeds}", f"CartPole-v1, {seeds} seed{'s' * (seeds > 1)} x 4 envs",
                 ("env=cartpole", f"num_seeds={seeds}"), Size(("algo.total_timesteps=500000",), cap, 20),
-                Size(quick, 30, 8), preset="cartpole")
+                Size(quick, quick_cap, 8), preset="cartpole")
 
 
 CASES = {c.name: c for c in (
     _cartpole(1, 60, ("algo.total_timesteps=8192",)),
     _cartpole(64, 90, ("algo.total_timesteps=2048",)),
-    _cartpole(2048, 150, ("algo.num_steps=32", "algo.total_timesteps=128")),
+    _cartpole(2048, 150, ("algo.num_steps=32", "algo.total_timesteps=128"), quick_cap=30),
     Case("minatar_breakout", "Breakout-MinAtar, 256 seeds x 64 envs",
          ("env=breakout_minatar", "num_seeds=256"), Size(("algo.total_timesteps=10000000",), 420, 60),
          Size(("env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 30, 8),
