@@ -254,6 +254,8 @@ def _launch(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """`jaxrl-dist train ARGV`: check the overrides, then hand them to Hydra."""
+    from jaxrl_dist.config import ConfigError
+
     argv = list(argv)
     if "--print-config" in argv:  # the composed config as the library takes it
         return _print_config([a for a in argv if a != "--print-config"])
@@ -265,15 +267,30 @@ def main(argv: Sequence[str]) -> int:
         flags.remove(o)
     checking = not any(getattr(args, f) for f in _INFO_FLAGS)
     try:
+        if checking:
+            _join(args.overrides)
         with status.showing("checking the config", checking):
             users = task_preset(args.overrides)  # once: it may make the env to read its spaces
             if checking:
                 _check(users, args)
             overrides = normalise(users)
-    except CliConfigError as err:
+    except (CliConfigError, ConfigError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     return _launch(flags + overrides + _implied(overrides, args.multirun))
+
+
+def _join(overrides: Sequence[str]) -> None:
+    """Join a multi-process run (`trainer.distributed.*`) first: checking the config
+    imports env suites, and gymnax builds arrays as it loads, which starts JAX's
+    backend, after which a process can no longer join."""
+    if not any(k.startswith("trainer.distributed.") for k in override_keys(overrides)):
+        return
+    from jaxrl_dist.config import distributed_config
+    from jaxrl_dist.trainers import distributed
+
+    trainer = compose(overrides).get("trainer")
+    distributed.initialize(distributed_config(trainer if isinstance(trainer, dict) else None))
 
 
 def _complete_after_train() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
@@ -252,10 +253,28 @@ TRAINERS = ("fused", "sync", "async")
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """One training run over several processes on JAX's own distributed runtime
+    (`trainer.distributed.*`; `jaxrl-dist launch` sets them for each process it starts)."""
+
+    coordinator: Optional[str] = None  # HOST:PORT of process 0's coordinator; null: one process
+    num_processes: int = 1
+    process_id: int = 0
+    timeout_s: int = 60  # a coordinator not reached (or a peer missing) within this fails the run
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """Which trainer runs (`trainer=fused|sync|async`); its own keys live beside `name`."""
 
     name: str = "fused"  # fused: one jitted program | sync: rounds of shards | async: no round barrier
+    # devices the learner uses: all | N; over several, a mesh of `seed_axis` x data devices:
+    # each seed's envs (fused) or each update's samples (sync, async) split over the data axis,
+    # gradients averaged, params replicated. 1: one device (the fused trainer still spreads
+    # seeds over the local devices that divide num_seeds, as independent programs)
+    devices: str = "1"
+    seed_axis: int = 1  # devices of the mesh's seeds axis (fused; must divide num_seeds)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass(frozen=True)
@@ -290,7 +309,7 @@ class Derived(NamedTuple):
 
 def coerce(value: Any, default: Any, key: str) -> Any:
     """Cast a YAML/CLI value to the type of the field's default."""
-    if isinstance(default, bool) or (isinstance(default, str) and value in (True, False)):
+    if isinstance(default, bool) or (isinstance(default, str) and isinstance(value, bool)):
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{key}: expected true/false, got {value!r}")
@@ -566,6 +585,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"logger.wandb_mode: {cfg.logger.wandb_mode!r} is not online, offline, disabled or null")
     if cfg.trainer.name not in TRAINERS:
         raise ConfigError(f"trainer: unknown trainer {cfg.trainer.name!r} (choose from: {', '.join(TRAINERS)})")
+    check_trainer(cfg)
     if cfg.trainer.name != "fused":
         _check_rounds(cfg)
     if cfg.trainer.name == "async":
@@ -590,6 +610,55 @@ def validate(cfg: Config) -> Config:
     for key in ("normalize_obs", "normalize_reward"):
         _resolve_auto(getattr(cfg.env, key), f"env.{key}", False)
     return cfg
+
+
+def requested_devices(t: TrainerConfig) -> Optional[int]:
+    """`trainer.devices` as a count; None for `all`."""
+    value = str(t.devices).strip().lower()
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"trainer.devices must be all or a positive integer, got {t.devices!r}")
+    return int(value)
+
+
+def check_distributed(d: DistributedConfig) -> None:
+    """`trainer.distributed.*` by themselves."""
+    if d.num_processes < 1 or not 0 <= d.process_id < d.num_processes:
+        raise ConfigError(f"trainer.distributed.process_id={d.process_id} is outside 0.."
+                          f"{d.num_processes - 1} (trainer.distributed.num_processes={d.num_processes})")
+    if d.timeout_s <= 0:
+        raise ConfigError(f"trainer.distributed.timeout_s must be positive, got {d.timeout_s}")
+    if d.num_processes > 1 and not d.coordinator:
+        raise ConfigError("trainer.distributed.coordinator: several processes need HOST:PORT of "
+                          "process 0's coordinator")
+    if d.coordinator and not re.fullmatch(r"[\w.\-]+:\d{1,5}", d.coordinator):
+        raise ConfigError(f"trainer.distributed.coordinator must be HOST:PORT, got {d.coordinator!r}")
+
+
+def distributed_config(data: Optional[dict]) -> DistributedConfig:
+    """The checked `trainer.distributed` of a composed config's `trainer` mapping, read
+    before the rest (the processes must join before anything starts JAX's backend)."""
+    d = _build(DistributedConfig, dict((data or {}).get("distributed") or {}), "trainer.distributed.")
+    check_distributed(d)
+    return d
+
+
+def check_trainer(cfg: Config) -> None:
+    """`trainer.devices`, `trainer.seed_axis` and `trainer.distributed.*` by themselves (the
+    counts against the devices present are checked where JAX is up, `core.mesh`)."""
+    t, d = cfg.trainer, cfg.trainer.distributed
+    count = requested_devices(t)
+    if t.seed_axis < 1:
+        raise ConfigError(f"trainer.seed_axis must be positive, got {t.seed_axis}")
+    if cfg.num_seeds % t.seed_axis:
+        raise ConfigError(f"trainer.seed_axis={t.seed_axis} does not divide num_seeds={cfg.num_seeds}")
+    if count is not None and count % t.seed_axis:
+        raise ConfigError(f"trainer.seed_axis={t.seed_axis} does not divide trainer.devices={count}")
+    check_distributed(d)
+    if d.num_processes > 1 and t.name != "fused":
+        raise ConfigError(f"trainer.distributed.num_processes={d.num_processes}: several processes "
+                          f"train with trainer=fused only (trainer={t.name})")
 
 
 _PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a place

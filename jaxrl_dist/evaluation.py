@@ -57,8 +57,14 @@ def _raw_checkpoint(run_dir: Path) -> tuple:
     steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit()) if root.is_dir() else []
     if not steps:
         raise ConfigError(f"{run_dir}: no checkpoint in {root}")
-    with ocp.StandardCheckpointer() as ckptr:
-        return steps[-1], ckptr.restore(root / str(steps[-1]) / "default")
+    path = root / str(steps[-1]) / "default"
+    # as host arrays: a data-parallel run's state was saved sharded over devices this
+    # process may not have
+    with ocp.PyTreeCheckpointer() as ckptr:
+        meta = ckptr.metadata(path)
+        tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return steps[-1], ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
 
 
 def merge_moments(mean, var, count) -> RunningMoments:

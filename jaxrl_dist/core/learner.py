@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_dist.core import ppo, rng
+from jaxrl_dist.core import mesh as meshes, ppo, rng
 from jaxrl_dist.core.types import TrainState
 
 
@@ -94,16 +94,25 @@ def grad_steps(a, num_rounds: int) -> int:
     return num_rounds * a.update_epochs * a.num_minibatches
 
 
+def update_sharding(cfg):
+    """Where an update's minibatch samples go under `trainer.devices` (None: one device);
+    each shard's envs must split evenly over the data axis."""
+    shape = meshes.mesh_shape(cfg.trainer, jax.device_count())
+    meshes.check_divisible(shape, cfg.backend.envs_per_shard, "backend.envs_per_shard")
+    return None if shape is None else meshes.samples(meshes.make_mesh(shape))
+
+
 def make_learner(cfg, network, spec, expected_shards: float) -> Learner:
     """The shard trainers' learner for `cfg`, with rounds of `expected_shards` shards
-    sizing the LR schedule."""
+    sizing the LR schedule; over several devices (`trainer.devices`) each minibatch's
+    samples are split over them and the gradients averaged."""
     a = cfg.algo
     steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
     tx = make_optimizer(a, grad_steps(a, num_rounds))
     opts = ppo.options(a, discrete=spec.discrete, masked=True, unroll=loop_free(network),
                        minibatch_size=a.minibatch_size or 0, rho_bar=cfg.asynchronous.rho_bar,
-                       c_bar=cfg.asynchronous.c_bar)
+                       c_bar=cfg.asynchronous.c_bar, batch_sharding=update_sharding(cfg))
     fn = make_learn_fn(network.apply, opts)
     return Learner(network, spec, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
 

@@ -46,6 +46,7 @@ class PPOOptions(NamedTuple):
     c_bar: float = 1.0  # ... and of its trace coefficients (see `make_batch`)
     loss: Any = None  # the loss function (None: `ppo_loss`)
     loss_options: Any = None  # its validated options record (`registry.options`)
+    batch_sharding: Any = None  # data-parallel: where a minibatch's samples go (`core.mesh.samples`)
 
 
 def options(a, loss=None, **settings) -> PPOOptions:
@@ -234,6 +235,8 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
             mb_idx, on = xs
             flat, opt_state = carry
             mb = jax.tree.map(lambda x: x[mb_idx], batch)
+            if opts.batch_sharding is not None:  # each device takes the gradient of its part
+                mb = jax.lax.with_sharding_constraint(mb, opts.batch_sharding)
             (_, metrics), grads = grad_fn(flat, mb)
             updates, new_opt = state.tx.update(grads, opt_state, flat)
             if not opts.minibatch_size:  # every step runs: no selects on the hot path

@@ -171,7 +171,8 @@ class Checkpointer:
         step = int(runner.update) if step is None else int(step)
         if step not in self._mngr.all_steps():
             self._mngr.save(step, args=ocp.args.StandardSave(runner))
-            write_manifest(self.step_dir(step))
+            if jax.process_index() == 0:  # a multi-process run's save is collective; one manifest
+                write_manifest(self.step_dir(step))
         self.seconds += time.perf_counter() - start
         self._last = time.monotonic()
         return step

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl_dist.core import learner, ppo, rng
-from jaxrl_dist.config import Config, Derived, derive, num_minibatches
+from jaxrl_dist.core import learner, mesh as meshes, ppo, rng
+from jaxrl_dist.config import Config, ConfigError, Derived, derive, num_minibatches
 from jaxrl_dist.core.networks import make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import RunnerState
@@ -33,11 +33,26 @@ class Setup(NamedTuple):
     rollout_opts: RolloutOptions
     ppo_opts: ppo.PPOOptions
     loop_free: bool = False  # each chunk is one update with unrolled minibatches
+    mesh: Any = None  # `trainer.devices` > 1: the seeds x data mesh (`core.mesh`)
+
+
+def data_mesh(cfg: Config, spec) -> Optional[Mesh]:
+    """The mesh `trainer.devices` asks for (None for one device); a `ConfigError` naming
+    the keys and counts where the devices or the env count do not fit it."""
+    shape = meshes.mesh_shape(cfg.trainer, jax.device_count())
+    if shape is None:
+        return None
+    if spec.suite == "envpool":
+        raise ConfigError(f"trainer.devices={cfg.trainer.devices}: envpool steps one pool on the host; "
+                          "data-parallel training needs a JAX env suite (gymnax, brax)")
+    meshes.check_divisible(shape, cfg.env.num_envs, "env.num_envs")
+    return meshes.make_mesh(shape)
 
 
 def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> Setup:
     """Everything static for `cfg` on an env with `spec`; `network` (a flax module) and
     `loss` (a loss function) replace the ones `algo.network` and `algo.loss` name."""
+    mesh = data_mesh(cfg, spec)
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
     network = network or make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
@@ -50,8 +65,8 @@ def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> S
     loop_free = learner.loop_free(network)
     # the fused batch is never padded: minibatch_size only sets the count `m`
     popts = ppo.options(a, loss, discrete=spec.discrete, masked=spec.delayed_reset, unroll=loop_free,
-                        num_minibatches=m)
-    return Setup(cfg, derived, network, tx, ropts, popts, loop_free)
+                        num_minibatches=m, batch_sharding=mesh and meshes.samples(mesh))
+    return Setup(cfg, derived, network, tx, ropts, popts, loop_free, mesh)
 
 
 def init_runner(setup: Setup, env, seed: int) -> RunnerState:
@@ -69,7 +84,8 @@ def make_update_step(setup: Setup, env):
     """`step(runner) -> (runner, metrics)`: one rollout and one PPO update per seed."""
     apply_fn = setup.network.apply
     rollout = make_rollout(env, apply_fn, setup.rollout_opts)
-    update = jax.vmap(ppo.make_update(apply_fn, setup.ppo_opts))
+    update = jax.vmap(ppo.make_update(apply_fn, setup.ppo_opts),
+                      spmd_axis_name=meshes.SEEDS if setup.mesh is not None else None)
 
     def step(runner: RunnerState, _=None):
         keys = jax.vmap(lambda k: jax.random.split(k, 3))(rng.wrap(runner.key))
@@ -119,13 +135,35 @@ def _seed_sharded(chunk, devices):
     return run
 
 
+def runner_shardings(setup: Setup, env):
+    """Where each leaf of the runner state lives on `setup.mesh`: the flat env batch
+    (`[N]`, seed-major) and the per-env return of the reward scaling (`[S, B]`) over
+    seeds x data, every other per-seed leaf (params, optimiser, normaliser moments,
+    keys) over seeds and replicated over data, scalars everywhere."""
+    mesh, N = setup.mesh, env.num_envs
+    shapes = jax.eval_shape(lambda: init_runner(setup, env, 0))
+
+    def place(path, x):
+        where = jax.tree_util.keystr(path)
+        if not x.ndim:
+            return NamedSharding(mesh, P())
+        if where.startswith(".actor") and ".norm" not in where and x.shape[0] == N:
+            return NamedSharding(mesh, P((meshes.SEEDS, meshes.DATA)))
+        if where.endswith(".disc_return"):
+            return NamedSharding(mesh, P(meshes.SEEDS, meshes.DATA))
+        return NamedSharding(mesh, P(meshes.SEEDS))
+
+    return jax.tree_util.tree_map_with_path(place, shapes)
+
+
 def make_train_chunk(setup: Setup, env, num_updates: int):
     """Jitted `chunk(runner) -> (runner, metrics[K, S])` running `K = num_updates` updates.
 
     With `setup.loop_free` a chunk is one update (`K` must be 1). Seeds are
-    split over `seed_devices`.
+    split over `seed_devices`; on a mesh (`trainer.devices` > 1) the runner lives
+    where `runner_shardings` says and the metrics are replicated.
     """
-    devices = seed_devices(setup, env.spec)
+    devices = [None] if setup.mesh is not None else seed_devices(setup, env.spec)
     step = make_update_step(_local_setup(setup, len(devices)), env)
     if setup.loop_free:
         if num_updates != 1:
@@ -138,6 +176,10 @@ def make_train_chunk(setup: Setup, env, num_updates: int):
         def chunk(runner: RunnerState):
             return jax.lax.scan(step, runner, None, length=num_updates)
 
+    if setup.mesh is not None:
+        where = runner_shardings(setup, env)
+        return jax.jit(chunk, in_shardings=(where,), out_shardings=(where, meshes.replicated(setup.mesh)),
+                       donate_argnums=0)
     if len(devices) > 1:
         chunk = _seed_sharded(chunk, devices)
     return jax.jit(chunk, donate_argnums=0)

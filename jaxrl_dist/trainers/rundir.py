@@ -189,7 +189,8 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
         return dataclasses.replace(saved, run=run), run_dir, True
     run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
     check_usable(run_dir)
-    check_fresh(run_dir)
+    if jax.process_index() == 0:  # the other processes of a multi-process run join it
+        check_fresh(run_dir)
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
 
 

@@ -28,7 +28,7 @@ import jax
 
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.trainers import checkpoint, fused, interrupt, status
+from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import train_async
 from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
@@ -46,7 +46,8 @@ def _init_runner(setup, env, seed: int):
     """
     if checkpoint.host_env_state(env.spec):
         return fused.init_runner(setup, env, seed)
-    return jax.jit(functools.partial(fused.init_runner, setup, env, seed))()
+    where = None if setup.mesh is None else fused.runner_shardings(setup, env)
+    return jax.jit(functools.partial(fused.init_runner, setup, env, seed), out_shardings=where)()
 
 
 def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
@@ -146,6 +147,8 @@ def _summary(cfg, setup, runner, records, times: dict, start: int) -> dict:
         "sps": done / times["train"] if times["train"] > 0 else None,
         "params_sha256": params_digest(runner.train.params),
         "peak_rss_mb": peak_rss_mb(),
+        "mesh": None if setup.mesh is None else dict(setup.mesh.shape),  # {seeds, data}: devices
+        "processes": jax.process_count(),
         "resumed_at_update": start if cfg.run.resume else None,
         "run_dir": str(Path(cfg.run.dir).resolve()),
         **run_metadata(),
@@ -159,6 +162,7 @@ def train(cfg: Config, run_dir=None) -> dict:
     under `outputs/`. Raises `ConfigError`/`EnvMakeError` before compiling.
     """
     t_start = time.perf_counter()
+    distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)
     if cfg.run.compile_cache:
         enable_compile_cache()
@@ -187,7 +191,7 @@ def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
                    cfg.env.num_threads, cfg.env.kwargs)
     setup = fused.make_setup(cfg, env.spec)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming:
+    if not resuming and distributed.is_primary():
         checkpoint.save_run_config(run_dir, to_dict(cfg))
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
@@ -210,9 +214,11 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
         env, setup, ckpt, K = _fused_parts(cfg, run_dir, resuming)
         runner, compiled, compile_s = _start_and_compile(setup, env, ckpt, cfg, resuming, K)
     start = int(runner.update)
-    history = truncate_records(run_dir / METRICS_FILE, start)
+    log_dir = distributed.own_dir(run_dir)
+    log_dir.mkdir(exist_ok=True)
+    history = truncate_records(log_dir / METRICS_FILE, start)
     # opening the logs (and importing their writers) is set-up, kept off the train clock
-    logger, tracker = open_logs(cfg, run_dir, setup.derived.num_updates * setup.derived.batch_size,
+    logger, tracker = open_logs(cfg, log_dir, setup.derived.num_updates * setup.derived.batch_size,
                                 start * setup.derived.batch_size)
     t1, saving = time.perf_counter(), ckpt.seconds
     try:
@@ -225,7 +231,7 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     times = {"compile": compile_s, "checkpoint": saving, "train": t2 - t1 - saving,
              "wall": time.perf_counter() - t_start}
     summary = _summary(cfg, setup, runner, history + records, times, start)
-    finish_run(run_dir, summary, tracker)
+    finish_run(log_dir, summary, tracker)
     return summary
 
 

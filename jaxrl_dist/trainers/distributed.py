@@ -1,0 +1,59 @@
+"""One run over several processes on JAX's own distributed runtime.
+
+Every process runs the same program over one global mesh (`core.mesh`); JAX's
+coordinator (process 0) wires them up and the CPU collectives go over gloo. A
+process started with `trainer.distributed.*` joins here, before anything asks
+JAX for its devices. `jaxrl-dist launch` starts and supervises the processes
+(`cli.launch`): a process that dies takes the others down with one line instead
+of leaving them waiting for its heartbeat.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+from jaxrl_dist.config import ConfigError, DistributedConfig
+
+
+class DistributedError(ConfigError):
+    """The coordinator or a peer was not reached: the one line names the key and the timeout."""
+
+
+_joined = False  # this process has joined (JAX allows it once)
+
+
+def active(d: DistributedConfig) -> bool:
+    return d.num_processes > 1
+
+
+def initialize(d: DistributedConfig) -> None:
+    """Join the run's processes (no-op for one process); raises `DistributedError` when
+    they are not all connected within `trainer.distributed.timeout_s` seconds."""
+    global _joined
+    if not active(d) or _joined:
+        return
+    # CPU arrays' collectives across processes (accelerators use their own)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(d.coordinator, d.num_processes, d.process_id,
+                                   initialization_timeout=d.timeout_s)
+    except Exception as err:  # JAX raises its runtime's errors, several lines long
+        reason = " ".join(str(err).split())[:160]
+        raise DistributedError(
+            f"trainer.distributed.coordinator={d.coordinator}: process {d.process_id} of {d.num_processes} "
+            f"did not connect within trainer.distributed.timeout_s={d.timeout_s} s ({reason})") from None
+    _joined = True
+
+
+def is_primary() -> bool:
+    """Whether this process writes the run's shared outputs (process 0)."""
+    return jax.process_index() == 0
+
+
+def own_dir(run_dir: Path) -> Path:
+    """Where this process writes its logs, metrics and summary: the run directory for
+    process 0; `process_<i>/` inside it for the others. Checkpoints are the run's: every
+    process writes its part of them into the run directory (orbax's multi-host saves)."""
+    index = jax.process_index()
+    return Path(run_dir) if index == 0 else Path(run_dir) / f"process_{index}"
