@@ -25,8 +25,8 @@ _HYDRA_FIRST = ("train", "-sc", "--shell-completion")
 _EPILOG = """\
 overrides (Hydra syntax):
   env=PRESET            a preset from jaxrl_dist/configs/env/ ({presets})
-  env.id=ID env.suite=gymnax|envpool
-                        any gymnax or envpool id without a preset
+  env.id=ID env.suite=gymnax|envpool|brax
+                        any gymnax, envpool or brax id without a preset
   algo.lr=3e-4 algo.total_timesteps=1e6 num_seeds=4 seed=1
   env.kwargs.NAME=VALUE extra arguments to the env maker
   run.dir=DIR           run directory (default outputs/YYYY-MM-DD/HH-MM-SS)
@@ -58,7 +58,7 @@ examples:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="jaxrl-dist", description="PPO in JAX on gymnax and envpool environments.",
+        prog="jaxrl-dist", description="PPO in JAX on gymnax, envpool and brax environments.",
         epilog=_EPILOG.format(presets=", ".join(presets())),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

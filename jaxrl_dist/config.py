@@ -18,7 +18,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     id: str = "CartPole-v1"
-    suite: str = "auto"  # gymnax | envpool | a plugin's name | auto (the first suite with env.id)
+    suite: str = "auto"  # gymnax | envpool | brax | a plugin's name | auto (the first suite with env.id)
     num_envs: int = 4
     normalize_obs: Union[bool, str] = "auto"  # auto: on for continuous actions
     normalize_reward: Union[bool, str] = "auto"

@@ -1,10 +1,10 @@
 """Env suites behind one adapter protocol (see `base.EnvAdapter`), in a registry.
 
-`env.suite` names a suite: the built-in `gymnax` and `envpool`, or a plugin
+`env.suite` names a suite: the built-in `gymnax`, `envpool` and `brax`, or a plugin
 registered under the entry-point group `jaxrl_dist.env_suites` (a class or
 object with `installed()`, `has(env_id)`, `make(env_id, num_envs, seed,
 num_threads, kwargs)` and a `hint` for installing it). `auto` takes the first
-installed suite that has the id: gymnax, envpool, then plugins by name.
+installed suite that has the id: gymnax, envpool, brax, then plugins by name.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ __all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "make_env", "resolve_suite"]
 
 SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
                   {"gymnax": "jaxrl_dist.envs.gymnax_env:GymnaxSuite",
-                   "envpool": "jaxrl_dist.envs.envpool_env:EnvpoolSuite"})
-_FIRST = ("gymnax", "envpool")  # `auto` tries these before plugins
+                   "envpool": "jaxrl_dist.envs.envpool_env:EnvpoolSuite",
+                   "brax": "jaxrl_dist.envs.brax_env:BraxSuite"})
+_FIRST = ("gymnax", "envpool", "brax")  # `auto` tries these before plugins
 
 
 def _suite(name: str):
