@@ -31,7 +31,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
@@ -43,6 +45,9 @@ ORDER = ("cartpole_1", "cartpole_64", "cartpole_2048", "minatar_breakout", "brax
 # every case: the fused trainer, no progress bar or event files, no mid-run checkpoint
 COMMON = ("trainer=fused", "run.progress=false", "run.tensorboard=false", "run.checkpoint_every_s=0")
 QUICK_BUDGET_S = 90.0  # --quick without --budget-s: the whole suite in at most this
+# --quick without --jobs: two cases side by side; a small case is mostly process start and
+# compile, one core's work each, so two at a time fit the suite in QUICK_BUDGET_S on 2 cores
+QUICK_JOBS = 2
 RESERVE_S = 6.0  # kept back from the budget for writing the outputs at the end
 SCORES = (-20.0, -15.0, -10.0, 0.0, 10.0, 20.0)  # Pong returns whose first crossing is timed
 JSON_FILE, MD_FILE = "bench.json", "bench.md"
@@ -146,10 +151,11 @@ class Options(NamedTuple):
     profile: Optional[str] = None
     repeats: int = 1
     compile_cache: bool = False
+    jobs: int = 1  # cases run side by side (the scaling case always alone)
 
 
 def options(out, quick=False, budget_s=None, cases=None, resume=False, profile=None, repeats=1,
-            compile_cache=False) -> Options:
+            compile_cache=False, jobs=None) -> Options:
     """Checked `Options`; `BenchError` naming the flag that is wrong."""
     names = [c.strip() for c in (cases or ",".join(ORDER)).split(",") if c.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -163,13 +169,16 @@ def options(out, quick=False, budget_s=None, cases=None, resume=False, profile=N
         raise BenchError(f"--budget-s must be more than {RESERVE_S:g} s, got {budget_s:g}")
     if repeats < 1:
         raise BenchError(f"--repeats must be positive, got {repeats}")
+    if jobs is not None and jobs < 1:
+        raise BenchError(f"--jobs must be positive, got {jobs}")
     if budget_s is None and quick:
         budget_s = QUICK_BUDGET_S
+    jobs = jobs or (QUICK_JOBS if quick else 1)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BenchError(f"--out: {out} is a file, not a directory")
     return Options(out, quick, budget_s, tuple(n for n in ORDER if n in names), resume, profile, repeats,
-                   compile_cache)
+                   compile_cache, jobs)
 
 
 # --- the budget ----------------------------------------------------------------------------
@@ -223,6 +232,16 @@ def _read_records(run_dir: Path) -> list:
     return out
 
 
+_ACTIVE: set = set()  # the children running now, so an interrupted suite ends them all
+
+
+def stop_children() -> None:
+    """Kill the process group of every child still running (each is one case's run)."""
+    for proc in list(_ACTIVE):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def run_train(overrides: Sequence[str], run_dir: Path, limit_s: float, env: Optional[dict] = None) -> Outcome:
     """`python -m jaxrl_dist train OVERRIDES run.dir=RUN_DIR`, killed after `limit_s` seconds.
 
@@ -241,6 +260,7 @@ def run_train(overrides: Sequence[str], run_dir: Path, limit_s: float, env: Opti
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env,
                                 start_new_session=True)
+        _ACTIVE.add(proc)
         try:
             code = proc.wait(timeout=max(0.0, limit_s))
         except subprocess.TimeoutExpired:
@@ -249,6 +269,7 @@ def run_train(overrides: Sequence[str], run_dir: Path, limit_s: float, env: Opti
             if proc.poll() is None:  # timed out, or this process was interrupted
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            _ACTIVE.discard(proc)
     seconds = time.monotonic() - t0
     records = _read_records(run_dir)
     summary_path = run_dir / "summary.json"
@@ -370,17 +391,24 @@ def _forced_devices(n: int) -> dict:
 _BOUND = {"cap": "case's own cap", "budget": "suite's budget (--budget-s)"}
 
 
+def _shared_device(opts: Options) -> Optional[dict]:
+    """Side by side, each case takes its share of an accelerator's memory (JAX would
+    take 75% of it per process)."""
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / opts.jobs:.2f}"} if opts.jobs > 1 else None
+
+
 def run_single(case: Case, opts: Options, clock: Clock, size: Size) -> dict:
     """A train or score case, `opts.repeats` times (the figures: each number's median)."""
     runs, last, bound = [], None, "cap"
     for i in range(opts.repeats):
         bound = "cap" if size.cap_s <= clock.left() else "budget"
         run_dir = opts.out / "runs" / (case.name if opts.repeats == 1 else f"{case.name}-{i}")
-        last = run_train(_overrides(case, opts), run_dir, min(size.cap_s, clock.left()))
+        last = run_train(_overrides(case, opts), run_dir, min(size.cap_s, clock.left()), _shared_device(opts))
         runs.append(figures(last))
         if last.status != "ok":
             break
-    result = {"status": last.status, "reason": last.reason, "figures": _median_figures(runs)}
+    result = {"status": last.status, "reason": last.reason, "figures": _median_figures(runs),
+              "side_by_side": opts.jobs}
     if opts.repeats > 1:
         result["runs"] = runs
     if last.status == "killed":
@@ -577,10 +605,16 @@ def target_rows(data: dict) -> list:
     return rows
 
 
+def _jobs_note(data: dict) -> str:
+    jobs = data.get("jobs", 1)
+    return "" if jobs == 1 else (f" Cases ran {jobs} at a time (--jobs {jobs}; scaling alone), sharing the "
+                                 f"host: their seconds and steps/s are smoke figures, not measurements.")
+
+
 def markdown(data: dict) -> str:
     quick = " (--quick sizes)" if data.get("quick") else ""
     lines = [f"# jaxrl-dist bench{quick}", "", f"Device: {machine_line(data['machine'])}", "",
-             f"Suite: {data['elapsed_s']:.0f} s of a {_num(data.get('budget_s'))} s budget.", "",
+             f"Suite: {data['elapsed_s']:.0f} s of a {_num(data.get('budget_s'))} s budget." + _jobs_note(data), "",
              *_table(CASE_HEADERS, case_rows(data)), ""]
     notes = [f"- {n}: {r['status']}: {r['reason']}" for n in ORDER
              if (r := data["cases"].get(n)) and r.get("reason")]
@@ -728,30 +762,54 @@ def _case_line(name: str, r: dict) -> str:
     return head + figs + (f" ({r['reason']})" if r.get("reason") else "")
 
 
+def _run_cases(opts: Options, clock: Clock, presets: Sequence[str], data: dict, path: Path) -> None:
+    """Every case not kept from before, in priority order, `opts.jobs` at a time (the
+    scaling case last and alone: it measures devices, which a neighbour would share);
+    the JSON is written as each one ends."""
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        _say(f"[{name}] {CASES[name].what}: starting at {clock.elapsed():.0f} s")
+        result = run_case(CASES[name], opts, clock, presets, data["machine"])
+        with lock:
+            data["cases"][name] = result
+            data["elapsed_s"] = clock.elapsed()
+            write_json(path, data)
+            _say(_case_line(name, result))
+
+    todo = [n for n in opts.cases if n not in data["cases"]]
+    for name in opts.cases:
+        if name in data["cases"]:
+            _say(f"[{name}] kept from {path} (--resume): {data['cases'][name]['status']}")
+    alone = [n for n in todo if CASES[n].kind == "scaling" or opts.jobs == 1]
+    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+        try:
+            list(pool.map(one, [n for n in todo if n not in alone]))
+        except BaseException:  # Ctrl-C reaches this thread: end the children the others wait on
+            stop_children()
+            raise
+    for name in alone:
+        one(name)
+
+
 def run_bench(opts: Options, presets: Sequence[str]) -> dict:
     """Run the suite; writes `bench.json` after every case, then `bench.md` and the PNGs."""
     clock = Clock(opts.budget_s)
     opts.out.mkdir(parents=True, exist_ok=True)
     machine = probe_machine(clock.left())
     _say(f"device: {machine_line(machine)}")
-    data = {"quick": opts.quick, "budget_s": opts.budget_s, "machine": machine, "order": list(ORDER),
-            "cases": _load_previous(opts, machine), "elapsed_s": 0.0}
+    data = {"quick": opts.quick, "budget_s": opts.budget_s, "jobs": opts.jobs, "machine": machine,
+            "order": list(ORDER), "cases": _load_previous(opts, machine), "elapsed_s": 0.0}
     path = opts.out / JSON_FILE
     try:
-        for name in opts.cases:
-            if name in data["cases"]:
-                _say(f"[{name}] kept from {path} (--resume): {data['cases'][name]['status']}")
-                continue
-            _say(f"[{name}] {CASES[name].what}: starting at {clock.elapsed():.0f} s")
-            data["cases"][name] = run_case(CASES[name], opts, clock, presets, machine)
-            data["elapsed_s"] = clock.elapsed()
-            write_json(path, data)
-            _say(_case_line(name, data["cases"][name]))
+        _run_cases(opts, clock, presets, data, path)
         if opts.profile:
             data["profile"] = run_profile(opts, clock)
             _say(f"[profile {opts.profile}] {data['profile']['status']}: {data['profile'].get('detail')}")
     finally:
+        stop_children()  # only after an interruption is any still running
         data["elapsed_s"] = clock.elapsed()
+        data["cases"] = {n: data["cases"][n] for n in ORDER if n in data["cases"]}
         write_json(path, data)
     (opts.out / MD_FILE).write_text(markdown(data))
     data["written"] = [str(p) for p in (path, opts.out / MD_FILE, *plots(data, opts.out))]

@@ -124,6 +124,9 @@ def _bench_parser(sub) -> None:
                        help="also write a JAX profiler trace of CASE (at its --quick size) to DIR/profile/")
     bench.add_argument("--repeats", type=int, default=1,
                        help="runs per case; figures are medians (default 1)")
+    bench.add_argument("--jobs", type=int, metavar="N",
+                       help="cases run side by side (default 1; with --quick 2); the scaling case "
+                       "always runs alone")
     bench.add_argument("--compile-cache", action="store_true",
                        help="let cases use the persistent compile cache (default off: cold compiles)")
 
@@ -361,7 +364,7 @@ def _bench(args) -> int:
 
     try:
         opts = benchmark.options(args.out, args.quick, args.budget_s, args.cases, args.resume,
-                                 args.profile, args.repeats, args.compile_cache)
+                                 args.profile, args.repeats, args.compile_cache, args.jobs)
         data = benchmark.run_bench(opts, presets())
     except benchmark.BenchError as err:
         raise CliConfigError(str(err)) from err
