@@ -64,7 +64,10 @@ timeout -k 5 $((left + 20)) python3 -m jaxrl_dist bench --resume --out "$DIR" --
 log "=== bench exit ${PIPESTATUS[0]} after $((SECONDS - START))s"
 
 cp "$DIR"/bench.json "$DIR"/bench.md "$DIR"/bench_*.png "$OUT"/ 2>/dev/null
-[[ -d $DIR/profile ]] && tar -czf "$OUT"/profile.tar.gz -C "$DIR" profile
+if [[ -d $DIR/profile ]]; then  # a file over 16 MiB would not come back
+  tar -czf "$OUT"/profile.tar.gz -C "$DIR" profile
+  (( $(stat -c %s "$OUT"/profile.tar.gz) > 16000000 )) && rm "$OUT"/profile.tar.gz && log "profile.tar.gz over 16 MB: left out"
+fi
 [[ -d $DIR/runs ]] && (cd "$DIR" && find runs -name '*.log' -print0 | tar -czf "$OUT"/logs.tar.gz --null -T -)
 log "=== done in $((SECONDS - START))s"
 [[ $OUT != "$DIR" ]] && cp "$LOG" "$OUT"/
