@@ -90,7 +90,7 @@ CASES = {c.name: c for c in (
          ("env=breakout_minatar", "num_seeds=256"), Size(("algo.total_timesteps=10000000",), 420, 60),
          Size(("env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 30, 8),
          preset="breakout_minatar"),
-    Case("brax_hopper", "brax Hopper, 256 seeds x 64 envs", ("env=brax_hopper",),
+    Case("brax_hopper", "brax Hopper (the brax_hopper preset), 256 seeds", ("env=brax_hopper",),
          Size(("num_seeds=256", "algo.total_timesteps=1000000"), 150, 60),
          Size(("num_seeds=2", "env.num_envs=4", "algo.num_steps=16", "algo.total_timesteps=64"), 60, 20),
          needs=("brax",), preset="brax_hopper"),
