@@ -206,7 +206,8 @@ def _check_run_dir(cfg, hydra_overrides: Sequence[str]) -> None:
             check_usable(cfg.run.resume, "run.resume")
         elif run_dir:
             check_usable(run_dir)
-            check_fresh(run_dir)
+            if not cfg.trainer.distributed.process_id:  # the others join process 0's run
+                check_fresh(run_dir)
     except ConfigError as err:
         raise CliConfigError(str(err)) from None
 

@@ -1,4 +1,4 @@
-"""`jaxrl-dist` console script: `train`, `serve`, `report`, `scheduler train`, `calibrate`, `bench`.
+"""`jaxrl-dist` console script: `train`, `serve`, `report`, `scheduler train`, `calibrate`, `bench`, `launch`.
 
 `train` is a Hydra application (`jaxrl_dist.app`); the other commands compose the
 same packaged configs with Hydra's compose API (`jaxrl_dist.overrides`). Every bad
@@ -85,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     _calibrate_parser(sub)
     _eval_parser(sub)
     _bench_parser(sub)
+    _launch_parser(sub)
     return parser
 
 
@@ -129,6 +130,28 @@ def _bench_parser(sub) -> None:
                        "always runs alone")
     bench.add_argument("--compile-cache", action="store_true",
                        help="let cases use the persistent compile cache (default off: cold compiles)")
+
+
+_LAUNCH_EPILOG = """\
+Process 0 hosts JAX's coordinator on a free loopback port (or --coordinator) and
+writes the run directory; process i > 0 logs to RUN_DIR/process_<i>/. A process
+that exits with an error stops the others, with one line naming it.
+
+examples:
+  jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused trainer.devices=all
+  jaxrl-dist launch --processes 4 trainer=fused env=breakout_minatar trainer.devices=all num_seeds=8
+"""
+
+
+def _launch_parser(sub) -> None:
+    launch = sub.add_parser("launch", help="train one run over several processes (JAX distributed)",
+                            epilog=_LAUNCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--processes", type=int, required=True, metavar="N", help="processes to start")
+    launch.add_argument("--coordinator", metavar="HOST:PORT",
+                        help="process 0's coordinator address (default 127.0.0.1 and a free port)")
+    launch.add_argument("--devices-per-process", type=int, metavar="K",
+                        help="CPU only: split each process's host into K devices")
+    launch.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="jaxrl-dist train overrides")
 
 
 _CALIBRATE_EPILOG = """\
@@ -397,6 +420,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _calibrate(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "launch":
+            from jaxrl_dist.launch import launch
+
+            return launch(args.overrides, args.processes, args.coordinator, args.devices_per_process)
         raise AssertionError(args.command)  # train is routed to the Hydra app above
     except (CliConfigError, ConfigError) as err:  # a check deeper down names the key as well
         print(f"error: {one_line(err)}", file=sys.stderr)

@@ -19,7 +19,7 @@ LAYERS = [
     ("backends",),
     ("scheduling",),
     ("trainers",),
-    ("serve", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api",
+    ("serve", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "launch",
      "benchmark"),
     ("cli", "app", "overrides", "__main__"),
 ]

@@ -9,6 +9,8 @@ of leaving them waiting for its heartbeat.
 """
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import jax
@@ -33,6 +35,8 @@ def initialize(d: DistributedConfig) -> None:
     global _joined
     if not active(d) or _joined:
         return
+    if d.process_id:  # JAX's client aborts the process (a fatal log, no exception) on a timeout
+        _wait_for_coordinator(d)
     # CPU arrays' collectives across processes (accelerators use their own)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
@@ -44,6 +48,23 @@ def initialize(d: DistributedConfig) -> None:
             f"trainer.distributed.coordinator={d.coordinator}: process {d.process_id} of {d.num_processes} "
             f"did not connect within trainer.distributed.timeout_s={d.timeout_s} s ({reason})") from None
     _joined = True
+
+
+def _wait_for_coordinator(d: DistributedConfig) -> None:
+    """Wait until the coordinator's port accepts connections; `DistributedError` after
+    `timeout_s` seconds."""
+    host, port = d.coordinator.rsplit(":", 1)
+    deadline = time.monotonic() + d.timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise DistributedError(
+                    f"trainer.distributed.coordinator={d.coordinator}: not reachable within "
+                    f"trainer.distributed.timeout_s={d.timeout_s} s ({err.strerror or err})") from None
+            time.sleep(0.2)
 
 
 def is_primary() -> bool:

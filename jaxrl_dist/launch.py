@@ -1,0 +1,132 @@
+"""`jaxrl-dist launch`: one training run over several processes on this host, supervised.
+
+Each process is a `jaxrl-dist train` with `trainer.distributed.*` set (process 0
+hosts JAX's coordinator on a free loopback port). They share one run directory:
+process 0 writes the run's files and shows the bar, the others log into
+`process_<i>/`, and every process writes its part of each checkpoint.
+
+JAX's own runtime notices a dead peer only after its heartbeat timeout, and then
+aborts with a long log (it also catches SIGTERM). The launcher watches the
+processes instead: when one exits with an error it kills the others (SIGKILL, by
+PID) and prints one line naming the process, its exit code and its log.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple, Optional, Sequence
+
+from jaxrl_dist.config import ConfigError
+from jaxrl_dist.serve import free_port
+from jaxrl_dist.trainers.rundir import check_fresh, check_usable, default_run_dir
+
+POLL_S = 0.2
+
+
+class Worker(NamedTuple):
+    index: int
+    proc: subprocess.Popen
+    log: Optional[Path]  # None: process 0 writes to this terminal
+
+
+def _given(overrides: Sequence[str], key: str) -> Optional[str]:
+    found = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == key]
+    return found[-1] if found else None
+
+
+def _command(overrides: Sequence[str], run_dir: Path, coordinator: str, n: int, i: int) -> list:
+    cmd = [sys.executable, "-m", "jaxrl_dist", "train", *overrides, f"run.dir={run_dir}",
+           f"hydra.run.dir={run_dir}", f"trainer.distributed.coordinator={coordinator}",
+           f"trainer.distributed.num_processes={n}", f"trainer.distributed.process_id={i}"]
+    if i:  # one bar and one .hydra/ (process 0's); the others' job logs in process_<i>/
+        cmd += ["run.progress=false", "hydra.output_subdir=null",
+                f"hydra.job_logging.handlers.file.filename={run_dir / f'process_{i}' / 'train.log'}"]
+    return cmd
+
+
+def _environment(devices_per_process: Optional[int]) -> dict:
+    env = dict(os.environ)
+    if devices_per_process:  # CPU: split the host into this many devices per process
+        flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}".strip()
+    return env
+
+
+def start(overrides: Sequence[str], processes: int, run_dir: Path, coordinator: str,
+          devices_per_process: Optional[int] = None) -> list:
+    """Start the processes; returns their `Worker`s."""
+    env, workers = _environment(devices_per_process), []
+    for i in range(processes):
+        log = None
+        out = None
+        if i:
+            log = run_dir / f"process_{i}" / "output.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log, "wb")
+        proc = subprocess.Popen(_command(overrides, run_dir, coordinator, processes, i), env=env,
+                                stdout=out, stderr=subprocess.STDOUT if out else None)
+        if out:
+            out.close()
+        workers.append(Worker(i, proc, log))
+    return workers
+
+
+def stop(workers: Sequence[Worker]) -> None:
+    """Kill every process still running (SIGKILL: JAX's runtime catches SIGTERM) and reap it."""
+    for w in workers:
+        if w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGKILL)
+    for w in workers:
+        w.proc.wait()
+
+
+def supervise(workers: Sequence[Worker]) -> int:
+    """Wait for the processes: 0 when all succeed; else the first failure's exit code,
+    after stopping the others and printing one line."""
+    try:
+        while True:
+            codes = [w.proc.poll() for w in workers]
+            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0)), None)
+            if failed is not None:
+                return _fail(workers, failed)
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:  # Ctrl-C reached every process of the group: let them save
+        for w in workers:
+            w.proc.wait()
+        return 130
+
+
+def _fail(workers: Sequence[Worker], failed: Worker) -> int:
+    code = failed.proc.returncode
+    others = [w for w in workers if w is not failed and w.proc.poll() is None]
+    stop(workers)
+    where = f"; its log: {failed.log}" if failed.log else ""
+    print(f"error: jaxrl-dist launch: process {failed.index} (pid {failed.proc.pid}) exited with code "
+          f"{code}{where}; stopped the other {len(others)} running process(es)", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
+
+
+def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] = None,
+           devices_per_process: Optional[int] = None) -> int:
+    """Run `jaxrl-dist train OVERRIDES` as `processes` processes of one run; the exit code."""
+    if processes < 1:
+        raise ConfigError(f"--processes must be positive, got {processes}")
+    if any(o.split("=", 1)[0].startswith("trainer.distributed.") for o in overrides):
+        raise ConfigError("trainer.distributed.*: jaxrl-dist launch sets these for each process")
+    run_dir = Path(_given(overrides, "run.dir") or default_run_dir()).resolve()
+    if not _given(overrides, "run.resume"):
+        check_usable(run_dir)
+        check_fresh(run_dir)
+    coordinator = coordinator or f"127.0.0.1:{free_port()}"
+    workers = start(overrides, processes, run_dir, coordinator, devices_per_process)
+    try:
+        return supervise(workers)
+    finally:
+        stop(workers)

@@ -1,0 +1,199 @@
+"""The data-parallel learner (`trainer.devices`, `core.mesh`) and multi-process runs
+(`trainer.distributed.*`, `jaxrl-dist launch`), on CPU devices forced with
+`--xla_force_host_platform_device_count` in fresh processes.
+
+Tolerance: after 10 updates a mesh run's params equal one device's to 1e-5
+(measured: 1.2e-7, one float32 ulp at the params' scale); the arithmetic is the
+same, only the order of the all-reduced sums differs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxrl_dist.config import DistributedConfig
+from jaxrl_dist.trainers import distributed
+
+TOLERANCE = 1e-5
+ROOT = Path(__file__).resolve().parents[1]
+
+MESH_SCRIPT = """
+import json
+import jax, numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig, TrainerConfig
+from jaxrl_dist.envs import make_env
+from jaxrl_dist.trainers import fused
+
+def params(devices, seed_axis=1, seeds=1, envs=16):
+    cfg = Config(env=EnvConfig(num_envs=envs), algo=AlgoConfig(total_timesteps=envs * 32 * 10, num_steps=32),
+                 num_seeds=seeds, trainer=TrainerConfig(devices=str(devices), seed_axis=seed_axis))
+    env = make_env(cfg.env.id, envs * seeds)
+    setup = fused.make_setup(cfg, env.spec)
+    where = None if setup.mesh is None else fused.runner_shardings(setup, env)
+    runner = jax.jit(lambda: fused.init_runner(setup, env, 0), out_shardings=where)()
+    runner, _ = fused.make_train_chunk(setup, env, 10)(runner)
+    return np.asarray(ravel_pytree(runner.train.params)[0]).tolist(), setup.mesh and dict(setup.mesh.shape)
+
+def error(**kw):
+    try:
+        params(**kw)
+    except ConfigError as err:
+        return str(err)
+
+import sys
+cases = {"one": lambda: params(1), "two": lambda: params(2), "all": lambda: params("all"),
+         "seeds_one": lambda: params(1, seeds=2), "seeds_x_data": lambda: params(4, seed_axis=2, seeds=2),
+         "too_many": lambda: error(devices=8), "indivisible": lambda: error(devices=4, envs=6)}
+print(json.dumps({name: cases[name]() for name in sys.argv[1:]}))
+"""
+
+
+def forced(devices: int) -> dict:
+    flags = os.environ.get("XLA_FLAGS", "")
+    return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}")
+
+
+def mesh_runs(*names: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, *names], env=forced(4), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_follows(out: dict, name: str, reference: str, shape: dict) -> None:
+    assert out[name][1] == shape
+    assert np.abs(np.array(out[name][0]) - np.array(out[reference][0])).max() <= TOLERANCE
+
+
+def test_mesh_params_follow_one_device_and_bad_counts_are_one_line():
+    """fused: all 4 devices on the data axis against one device; counts that do not fit."""
+    out = mesh_runs("one", "all", "too_many", "indivisible")
+    assert_follows(out, "all", "one", {"seeds": 1, "data": 4})
+    assert out["too_many"] == "trainer.devices=8: only 4 device(s) present (cpu)"
+    assert out["indivisible"].startswith("env.num_envs=6 is not divisible by the data axis: 4 device(s)")
+
+
+@pytest.mark.slow  # four compiles: about 60 s here
+def test_two_data_devices_and_a_seeds_x_data_mesh_follow_one_device():
+    out = mesh_runs("one", "two", "seeds_one", "seeds_x_data")
+    assert_follows(out, "two", "one", {"seeds": 1, "data": 2})
+    assert_follows(out, "seeds_x_data", "seeds_one", {"seeds": 2, "data": 2})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
+    d = DistributedConfig(coordinator=f"127.0.0.1:{_free_port()}", num_processes=2, process_id=1,
+                          timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(distributed.DistributedError, match=r"not reachable within trainer.distributed.timeout_s=1 s"):
+        distributed.initialize(d)
+    assert time.monotonic() - t0 < 5
+
+
+def _children(pid: int) -> list:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_launch_stops_the_others_when_a_process_dies(tmp_path):
+    """A killed process ends the run with one line; no process is left waiting for it."""
+    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
+           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", "env.num_envs=8",
+           f"run.dir={tmp_path / 'run'}", "run.progress=false"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(launcher.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2, "the launcher did not start two processes"
+        time.sleep(3)  # both are importing or joining
+        os.kill(workers[1], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: jaxrl-dist launch: process 1 (pid {workers[1]}) exited with code -9; its log: "
+                     f"{tmp_path / 'run' / 'process_1' / 'output.log'}; stopped the other 1 running process(es)"]
+    assert launcher.returncode == 1
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def _params(run_dir: Path) -> np.ndarray:
+    from jax.flatten_util import ravel_pytree
+
+    from jaxrl_dist.evaluation import _raw_checkpoint
+
+    return np.asarray(ravel_pytree(_raw_checkpoint(run_dir)[1]["train"]["params"])[0])
+
+
+TEN_UPDATES = ["trainer=fused", "algo.total_timesteps=10240", "env.num_envs=32", "algo.num_steps=32",
+               "run.checkpoint_every_s=0", "run.progress=false", "trainer.devices=all"]
+
+
+@pytest.mark.slow  # three processes compile in turn: about 80 s here
+def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path):
+    cli = [sys.executable, "-m", "jaxrl_dist"]
+    two = subprocess.run([*cli, "launch", "--processes", "2", "--devices-per-process", "2", *TEN_UPDATES,
+                          f"run.dir={tmp_path / 'two'}"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = subprocess.run([*cli, "train", *TEN_UPDATES, f"run.dir={tmp_path / 'one'}"], env=forced(4),
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["mesh"] == {"seeds": 1, "data": 4}
+    assert json.loads((tmp_path / "two" / "process_1" / "summary.json").read_text())["processes"] == 2
+    assert np.abs(_params(tmp_path / "two") - _params(tmp_path / "one")).max() <= TOLERANCE
+
+
+@pytest.mark.slow  # a whole CartPole run on two devices: about 2 minutes here
+def test_a_data_parallel_run_learns_cartpole(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "jaxrl_dist", "train", "trainer=fused", "env=cartpole",
+                          "trainer.devices=2", "env.num_envs=64", f"run.dir={tmp_path / 'run'}",
+                          "run.progress=false"], env=forced(2), capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["mesh"] == {"seeds": 1, "data": 2}
+    assert summary["final_return"] >= 475
+
+
+@pytest.mark.slow  # two round-trainer runs: about 60 s here
+def test_the_round_learner_on_two_devices_follows_one(tmp_path):
+    script = """
+import json, sys
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxrl_dist.config import from_dict
+from jaxrl_dist.evaluation import _raw_checkpoint
+from jaxrl_dist.trainers.runner import train
+out = {}
+for d in (1, 2):
+    cfg = from_dict({"trainer": {"name": "sync", "devices": d}, "algo": {"total_timesteps": 4 * 8 * 32 * 10,
+                     "num_steps": 32}, "backend": {"name": "local", "envs_per_shard": 8},
+                     "scheduler": {"name": "fixed", "num_shards": 4}, "run": {"progress": False}})
+    train(cfg, f"{sys.argv[1]}/{d}")
+    out[d] = np.asarray(ravel_pytree(_raw_checkpoint(f"{sys.argv[1]}/{d}")[1]["train"]["params"])[0]).tolist()
+print(json.dumps(out))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=forced(2), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert np.abs(np.array(out["1"]) - np.array(out["2"])).max() <= TOLERANCE
