@@ -10,13 +10,15 @@ truncation, kept apart from the task's own termination: the transition
 keeps the pre-reset observation as `final_obs`, so truncation bootstraps.
 
 `env.kwargs.pipeline` picks brax's physics pipeline (brax calls it
-`backend`): generalized, positional, spring or mjx. The default, spring, is
-the fastest on CPU here and learns Hopper (see bench/RESULTS.md).
+`backend`): generalized, positional, spring or mjx. The default, positional,
+is the second fastest on CPU here (spring is about twice as fast) and the one
+on which PPO learns Hopper best per step and per second (bench/RESULTS.md).
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import warnings
 from typing import Any, NamedTuple
 
@@ -28,8 +30,9 @@ from jaxrl_dist.core.types import EnvSpec, StepOut
 from jaxrl_dist.envs.base import EnvMakeError, Suite
 from jaxrl_dist.envs.gymnax_env import _per_env_keys
 
+LOG = logging.getLogger(__name__)
 PIPELINES = ("generalized", "positional", "spring", "mjx")
-DEFAULT_PIPELINE = "spring"
+DEFAULT_PIPELINE = "positional"
 EPISODE_LENGTH = 1000
 
 
@@ -78,9 +81,24 @@ def _make(env_id: str, kwargs: dict):
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise EnvMakeError(f"env.kwargs.episode_length must be a positive integer, got {length!r}")
     envs = import_brax_envs()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _mujoco_warnings_logged():
         warnings.filterwarnings("ignore", message="Brax System", category=UserWarning)
         return envs.get_environment(env_id, backend=pipeline, **kwargs), length
+
+
+@contextlib.contextmanager
+def _mujoco_warnings_logged():
+    """MuJoCo's warnings go to this module's logger while a model loads; by default
+    MuJoCo writes them to MUJOCO_LOG.TXT in the working directory (halfcheetah's
+    model uses the deprecated `settotalmass`)."""
+    import mujoco
+
+    previous = mujoco.get_mju_user_warning()
+    mujoco.set_mju_user_warning(lambda msg: LOG.info("mujoco: %s", msg))
+    try:
+        yield
+    finally:
+        mujoco.set_mju_user_warning(previous)
 
 
 def _action_bounds(env):
