@@ -4,72 +4,25 @@
 """
 from __future__ import annotations
 
-import datetime
-import hashlib
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-from jaxrl_dist.platform import configure_cpu, cpu_model, use_unrolled_threefry
+from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 
 configure_cpu()  # the CLI's XLA settings; must precede JAX's first backend use
 import jax  # noqa: E402
 
 use_unrolled_threefry()  # as the CLI does, before anything is traced
 
+# the package's machine description, which `jaxrl-dist bench` records as well
+from jaxrl_dist.trainers.rundir import machine_info  # noqa: E402,F401
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _git(*args) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _library_hash() -> str:
-    """Hash of the library sources as they are on disk now (they may differ from HEAD)."""
-    digest = hashlib.sha256()
-    for path in sorted((REPO / "jaxrl_dist").rglob("*.py")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def machine_info() -> dict:
-    """Device, host, versions and source revision of this measurement."""
-    devices = jax.devices()
-    commit = _git("rev-parse", "--short", "HEAD")  # "" where the tree came without .git
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "commit": commit,
-        "library_dirty": bool(_git("status", "--porcelain", "--", "jaxrl_dist")) if commit else None,
-        "library_hash": _library_hash(),
-        "platform": jax.default_backend(),
-        "devices": [str(d) for d in devices],
-        "device_kind": devices[0].device_kind,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "versions": {name: _version(name) for name in
-                     ("jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "numpy")},
-    }
 
 
 class _CpuSample:

@@ -1,4 +1,4 @@
-"""`jaxrl-dist` console script: `train`, `serve`, `report`, `scheduler train`, `calibrate`.
+"""`jaxrl-dist` console script: `train`, `serve`, `report`, `scheduler train`, `calibrate`, `bench`, `launch`.
 
 `train` is a Hydra application (`jaxrl_dist.app`); the other commands compose the
 same packaged configs with Hydra's compose API (`jaxrl_dist.overrides`). Every bad
@@ -84,8 +84,52 @@ def _parser() -> argparse.ArgumentParser:
     _scheduler_parser(sub)
     _calibrate_parser(sub)
     _eval_parser(sub)
+    _bench_parser(sub)
     _launch_parser(sub)
     return parser
+
+
+_BENCH_EPILOG = """\
+cases, in priority order for an accelerator: {cases}
+
+outputs (in --out): bench.json (written after every case), bench.md, bench_sps.png,
+bench_time.png, bench_scaling.png; runs/CASE/ holds each case's run directory and log.
+
+examples:
+  jaxrl-dist bench --quick                     # the whole suite at small sizes, at most 90 s
+  jaxrl-dist bench --budget-s 540 --out gpu    # full sizes; again with --resume for the rest
+  jaxrl-dist bench --quick --cases cartpole_1 --profile cartpole_1
+"""
+
+
+def _bench_parser(sub) -> None:
+    from jaxrl_dist.benchmark import ORDER, QUICK_BUDGET_S
+
+    bench = sub.add_parser("bench", help="run the benchmark suite on this device (JSON, markdown, PNGs)",
+                           description="Run the standard suite, each case a `jaxrl-dist train` process "
+                           "(compile time recorded apart), and compare with published figures.",
+                           epilog=_BENCH_EPILOG.format(cases=", ".join(ORDER)),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--quick", action="store_true",
+                       help=f"small sizes; with no --budget-s, a {QUICK_BUDGET_S:.0f} s budget")
+    bench.add_argument("--budget-s", type=float, metavar="S",
+                       help="never run past S seconds: a case that cannot start is skipped, one that "
+                       "runs out is killed (its finished chunks kept)")
+    bench.add_argument("--cases", metavar="A,B", help="a subset of the cases (comma-separated)")
+    bench.add_argument("--resume", action="store_true",
+                       help="keep the cases --out's bench.json already holds (done, failed, or killed "
+                       "after some chunks); run the others")
+    bench.add_argument("--out", default="outputs/bench", metavar="DIR", help="output directory "
+                       "(default outputs/bench)")
+    bench.add_argument("--profile", metavar="CASE",
+                       help="also write a JAX profiler trace of CASE (at its --quick size) to DIR/profile/")
+    bench.add_argument("--repeats", type=int, default=1,
+                       help="runs per case; figures are medians (default 1)")
+    bench.add_argument("--jobs", type=int, metavar="N",
+                       help="cases run side by side (default 1; with --quick 2); the scaling case "
+                       "always runs alone")
+    bench.add_argument("--compile-cache", action="store_true",
+                       help="let cases use the persistent compile cache (default off: cold compiles)")
 
 
 _LAUNCH_EPILOG = """\
@@ -337,6 +381,21 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    """`jaxrl-dist bench`: the suite, then its tables; exit 1 if a case failed."""
+    from jaxrl_dist import benchmark
+
+    try:
+        opts = benchmark.options(args.out, args.quick, args.budget_s, args.cases, args.resume,
+                                 args.profile, args.repeats, args.compile_cache, args.jobs)
+        data = benchmark.run_bench(opts, presets())
+    except benchmark.BenchError as err:
+        raise CliConfigError(str(err)) from err
+    print("\n" + benchmark.markdown(data))
+    print("\n".join(f"wrote {p}" for p in data["written"]))
+    return 1 if any(r["status"] == "failed" for r in data["cases"].values()) else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.platform import configure_cpu
@@ -359,6 +418,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _scheduler_train(args)
         if args.command == "calibrate":
             return _calibrate(args)
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "launch":
             from jaxrl_dist.launch import launch
 

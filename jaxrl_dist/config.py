@@ -70,6 +70,10 @@ class RunConfig:
     log_chunks: int = 20  # host round-trips for logging over the whole run
     objective: str = "final_return"  # the summary key a run returns to a Hydra sweeper (optuna)
     tensorboard: bool = True
+    # a JAX profiler trace written under this directory (TensorBoard's profile plugin or
+    # Perfetto read it): the fused trainer's training loop (its compile is timed apart),
+    # the round trainers' whole run; null: none
+    profile_dir: Optional[str] = None
     # round trainer only (the fused trainer ignores them)
     target_return: Optional[float] = None  # the recent return >= this is "target reached"
     target_episodes: int = 10  # the recent return: latest whole rounds holding this many episodes

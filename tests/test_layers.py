@@ -19,7 +19,8 @@ LAYERS = [
     ("backends",),
     ("scheduling",),
     ("trainers",),
-    ("serve", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "launch"),
+    ("serve", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "launch",
+     "benchmark"),
     ("cli", "app", "overrides", "__main__"),
 ]
 # where a function-local import of the package's own modules is deliberate

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from jaxrl_dist.config import Config, ConfigError, to_dict, without_secrets
+from jaxrl_dist.platform import cpu_model
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
 from jaxrl_dist.trainers.tracking import flat, open_tracker
@@ -98,6 +99,47 @@ def run_metadata() -> dict:
             "jaxlib_version": jaxlib.__version__, "python_version": platform.python_version(),
             "platform": jax.default_backend(), "device_kind": devices[0].device_kind,
             "device_count": len(devices), "host": platform.platform()}
+
+
+def _library_state() -> dict:
+    """Whether the package's sources differ from their commit, and their hash as they
+    are on disk now (a measurement names the code it ran, committed or not)."""
+    import subprocess
+
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.read_bytes())
+    dirty = None
+    if _commit() is not None:
+        try:
+            out = subprocess.run(["git", "status", "--porcelain", "--", package.name], cwd=package.parent,
+                                 capture_output=True, text=True, timeout=5)
+            dirty = bool(out.stdout.strip()) if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {"library_dirty": dirty, "library_hash": digest.hexdigest()[:12]}
+
+
+def machine_info() -> dict:
+    """`run_metadata()` and what a benchmark also names: every device, the host CPU,
+    the XLA flags, the compile cache, the library's state, the versions that matter."""
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {**run_metadata(), **_library_state(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "devices": [str(d) for d in jax.devices()], "cpu_model": cpu_model(),
+            "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+            "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "versions": {name: version(name) for name in
+                         ("jax", "jaxlib", "flax", "optax", "gymnax", "envpool", "brax", "numpy")}}
 
 
 def peak_rss_mb() -> float:
