@@ -54,7 +54,7 @@ def test_budget_is_never_outrun_and_finished_cases_are_kept(quick_cartpole, tmp_
     _, first, _ = quick_cartpole
     out = tmp_path / "out"
     shutil.copytree(first, out)
-    budget = 18.0
+    budget = 12.0
     t0 = time.monotonic()
     proc = run_cli("bench", "--quick", "--resume", "--cases", "cartpole_1,minatar_breakout",
                    "--budget-s", str(budget), "--out", str(out), timeout=60)
