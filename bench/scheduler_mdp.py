@@ -93,6 +93,8 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="the task's config overrides it was trained with")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--learned-only", action="store_true",
+                   help="only the scheduler (the fixed rows depend on the MDP and --seed alone)")
     p.add_argument("--limits", action="store_true",
                    help="episodes draw budgets and deadlines (default: none, the MDP before limits)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_mdp.json"))
@@ -101,7 +103,7 @@ def main() -> None:
     env = make_env(trained, opts.overrides, opts.episodes, opts.limits)
     M = env.opts.max_shards
     policies = {"learned": greedy(trained, env)}
-    for n in sorted({1, 2, max(1, M // 2), M}):
+    for n in sorted({1, 2, max(1, M // 2), M}) if not opts.learned_only else ():
         policies[f"fixed {n}"] = lambda o, n=n: jnp.full((env.num_envs,), n - 1)
     rows = {}
     for name, choose in policies.items():
