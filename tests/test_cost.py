@@ -142,6 +142,16 @@ def test_stop_keys_and_cost_keys_are_validated():
     assert cfg.trainer.name == "sync" and cfg.run.max_rounds == 3
 
 
+def test_a_limit_that_is_not_positive_is_one_line_exit_2(tmp_path, capsys):
+    from jaxrl_dist import cli
+
+    for key in ("run.budget_usd", "run.deadline_s"):
+        code = cli.main(["train", "trainer=sync", "run.progress=false", f"run.dir={tmp_path}", f"{key}=0"])
+        out = capsys.readouterr()
+        lines = [x for x in (out.out + out.err).splitlines() if x.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {key}"), lines
+
+
 def test_presets_compose():
     from jaxrl_dist import cli
 
