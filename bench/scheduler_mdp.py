@@ -28,13 +28,17 @@ from jaxrl_dist.scheduling import learned, mdp, profile  # noqa: E402
 from jaxrl_dist.core.networks import make_network  # noqa: E402
 
 
-def make_env(trained: learned.Trained, overrides: list, episodes: int) -> mdp.SchedulingEnv:
+def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: bool) -> mdp.SchedulingEnv:
+    """The MDP the scheduler was trained on; `limits`: its episodes draw budgets and
+    deadlines as `SchedOptions`' defaults do (else none, the MDP before limits)."""
     m = trained.meta
     cfg, opts = scheduler_training.task_and_options(
         load_config([f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
                      f"scheduler.max_shards={m['max_shards']}", "backend=local"] + overrides),
         m["max_rounds"], m["time_weight"], m["target_bonus"], profile.Profile(**m["profile"]),
         mdp.Scale(**m["scale"]))
+    if not limits:
+        opts = opts._replace(budgets=(0.0, 0.0), deadlines=(0.0, 0.0))
     return mdp.SchedulingEnv(cfg, cfg.cost, opts, episodes)
 
 
@@ -44,6 +48,7 @@ def play(env, choose, seed: int) -> dict:
     step = jax.jit(env.step)
     state, obs = env.reset(jax.random.key(seed))
     total, rounds, ended, reached, ns = np.zeros(E), np.zeros(E), np.zeros(E, bool), np.zeros(E, bool), []
+    limited = np.zeros(E, bool)
     for t in range(env.opts.max_rounds):
         action = choose(obs)
         ns.append(np.asarray(action)[~ended] + 1)
@@ -51,21 +56,35 @@ def play(env, choose, seed: int) -> dict:
         live = ~ended
         total += np.where(live, np.asarray(out.reward), 0.0)
         rounds += live
-        reached |= live & np.asarray(out.terminated)
+        # an episode also ends, terminated, before a round past its limit: reached only at the target
+        at_target = np.asarray(out.final_obs[:, RETURN]) >= target_feature(env) - 1e-6
+        reached |= live & np.asarray(out.terminated) & at_target
+        limited |= live & np.asarray(out.terminated) & ~at_target
         ended |= np.asarray(out.terminated | out.truncated)
         obs = out.obs
         if ended.all():
             break
     return {"return_mean": float(total.mean()), "return_std": float(total.std()),
-            "reached": float(reached.mean()), "rounds": float(rounds.mean()),
+            "reached": float(reached.mean()), "limited": float(limited.mean()), "rounds": float(rounds.mean()),
             "mean_n": float(np.concatenate(ns).mean())}
 
 
+RETURN = mdp.FEATURES.index("return")
+
+
+def target_feature(env: mdp.SchedulingEnv) -> float:
+    """The `return` feature's value at the target return."""
+    s = env.opts.scale
+    return (env.opts.target_return - s.return_lo) / max(s.return_hi - s.return_lo, 1e-6)
+
+
 def greedy(trained: learned.Trained, env: mdp.SchedulingEnv):
-    """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax."""
-    net = make_network(env.spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
+    """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax over its own features."""
+    cols = jnp.asarray(learned.columns(trained))
+    spec = env.spec._replace(obs_shape=(len(cols),))
+    net = make_network(spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
     params = jax.tree.map(jnp.asarray, trained.params)
-    return jax.jit(lambda o: jnp.argmax(net.apply(params, o).logits, -1))
+    return jax.jit(lambda o: jnp.argmax(net.apply(params, o[:, cols]).logits, -1))
 
 
 def main() -> None:
@@ -74,22 +93,27 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="the task's config overrides it was trained with")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--learned-only", action="store_true",
+                   help="only the scheduler (the fixed rows depend on the MDP and --seed alone)")
+    p.add_argument("--limits", action="store_true",
+                   help="episodes draw budgets and deadlines (default: none, the MDP before limits)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_mdp.json"))
     opts = p.parse_args()
     trained = learned.load(opts.scheduler)
-    env = make_env(trained, opts.overrides, opts.episodes)
+    env = make_env(trained, opts.overrides, opts.episodes, opts.limits)
     M = env.opts.max_shards
     policies = {"learned": greedy(trained, env)}
-    for n in sorted({1, 2, max(1, M // 2), M}):
+    for n in sorted({1, 2, max(1, M // 2), M}) if not opts.learned_only else ():
         policies[f"fixed {n}"] = lambda o, n=n: jnp.full((env.num_envs,), n - 1)
     rows = {}
     for name, choose in policies.items():
         rows[name] = play(env, choose, opts.seed)
         r = rows[name]
         print(f"{name:10s} return {r['return_mean']:8.2f} +- {r['return_std']:.2f}  reached "
-              f"{r['reached']:.2f}  rounds {r['rounds']:.1f}  mean n {r['mean_n']:.2f}", flush=True)
+              f"{r['reached']:.2f}  limited {r['limited']:.2f}  rounds {r['rounds']:.1f}  mean n {r['mean_n']:.2f}", flush=True)
     write_json(opts.out, {"meta": machine_info(), "scheduler": opts.scheduler,
-                          "trained": trained.meta, "episodes": opts.episodes, "rows": rows})
+                          "trained": trained.meta, "episodes": opts.episodes, "limits": opts.limits,
+                          "rows": rows})
 
 
 if __name__ == "__main__":

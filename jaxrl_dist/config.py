@@ -79,6 +79,7 @@ class RunConfig:
     target_episodes: int = 10  # the recent return: latest whole rounds holding this many episodes
     stop_at_target: bool = False  # stop after the first round that reaches the target
     budget_usd: Optional[float] = None  # stop before a round would take modeled dollars past this
+    deadline_s: Optional[float] = None  # stop before a round would take the modeled clock past this
     max_rounds: Optional[int] = None  # stop after this many rounds
 
 
@@ -375,7 +376,7 @@ FUSED_IS_A_TRAINER = ("the fused trainer is chosen with trainer=fused now "
 # key prefixes each trainer never reads
 _IGNORED = {
     "fused": ("backend.", "scheduler.", "async.", "cost.", "run.target_return", "run.stop_at_target",
-              "run.budget_usd", "run.max_rounds", "run.target_episodes"),
+              "run.budget_usd", "run.deadline_s", "run.max_rounds", "run.target_episodes"),
     "sync": ("async.",),
     "async": ("scheduler.",),
 }
@@ -555,6 +556,8 @@ def _check_stops(run: RunConfig) -> None:
         raise ConfigError(f"run.target_return: expected a number or null, got {run.target_return!r}")
     if run.budget_usd is not None and not (_is_number(run.budget_usd) and run.budget_usd > 0):
         raise ConfigError(f"run.budget_usd must be a positive number or null, got {run.budget_usd!r}")
+    if run.deadline_s is not None and not (_is_number(run.deadline_s) and run.deadline_s > 0):
+        raise ConfigError(f"run.deadline_s must be a positive number of seconds or null, got {run.deadline_s!r}")
     rounds = run.max_rounds
     if rounds is not None and not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0):
         raise ConfigError(f"run.max_rounds must be a positive integer or null, got {rounds!r}")

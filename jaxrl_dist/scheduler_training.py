@@ -78,5 +78,6 @@ def _meta(env: SchedulingEnv, cfg) -> dict:
             "max_shards": o.max_shards, "scale": o.scale._asdict(), "profile": o.profile._asdict(),
             "max_rounds": o.max_rounds, "target_return": o.target_return,
             "time_weight": o.time_weight, "target_bonus": o.target_bonus,
+            "budgets": list(o.budgets), "deadlines": list(o.deadlines), "no_limit": o.no_limit,
             "features": list(FEATURES), "hidden_sizes": list(cfg.algo.hidden_sizes),
             "activation": cfg.algo.activation}

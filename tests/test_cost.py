@@ -128,6 +128,8 @@ def test_slot_clock_runs_under_jit():
 
 def test_stop_keys_and_cost_keys_are_validated():
     bad = [({"run": {"budget_usd": -1}}, "run.budget_usd"), ({"run": {"max_rounds": 0}}, "run.max_rounds"),
+           ({"run": {"budget_usd": 0}}, "run.budget_usd"), ({"run": {"deadline_s": 0}}, "run.deadline_s"),
+           ({"run": {"deadline_s": -5.0}}, "run.deadline_s"), ({"run": {"deadline_s": "soon"}}, "run.deadline_s"),
            ({"run": {"target_return": "high"}}, "run.target_return"),
            ({"cost": {"kind": "spot"}}, "cost.kind"), ({"cost": {"vcpu_second_usd": -1.0}}, "cost.vcpu_second_usd"),
            ({"cost": {"kind": "cluster"}}, "cost.cluster_nodes"),
@@ -138,6 +140,16 @@ def test_stop_keys_and_cost_keys_are_validated():
     # the fused trainer ignores the stop keys, but takes them
     cfg = from_dict({"trainer": "sync", "run": {"target_return": 475, "budget_usd": 1.5, "max_rounds": 3, "stop_at_target": True}})
     assert cfg.trainer.name == "sync" and cfg.run.max_rounds == 3
+
+
+def test_a_limit_that_is_not_positive_is_one_line_exit_2(tmp_path, capsys):
+    from jaxrl_dist import cli
+
+    for key in ("run.budget_usd", "run.deadline_s"):
+        code = cli.main(["train", "trainer=sync", "run.progress=false", f"run.dir={tmp_path}", f"{key}=0"])
+        out = capsys.readouterr()
+        lines = [x for x in (out.out + out.err).splitlines() if x.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {key}"), lines
 
 
 def test_presets_compose():
@@ -191,8 +203,38 @@ def test_records_and_summary_carry_both_clocks_and_reach_the_target(tmp_path):
 def test_budget_stops_before_the_round_that_would_exceed_it(tmp_path):
     # azure_aci: about $0.0019 a round (3 cold 20 s shards, the learner for 20 s)
     summary, records = _train(tmp_path, "budget", run={"budget_usd": 0.005})
-    assert summary["stop_reason"] == "budget" and 1 <= summary["rounds"] < 6
+    assert summary["stop_reason"] == "budget_usd" and 1 <= summary["rounds"] < 6
     assert records[-1]["cum_cost_usd"] == summary["cost_usd"] <= 0.005
+    assert json.loads((tmp_path / "budget" / "summary.json").read_text())["stop_reason"] == "budget_usd"
+
+
+def test_limits_are_checked_before_the_round_that_would_pass_them():
+    from jaxrl_dist.config import RunConfig
+    from jaxrl_dist.trainers.sync import over_limit
+
+    account = cost.CostAccount(CostConfig(), 4)
+    account.charge(2, np.full((2,), 5.0), 1e6, 2.0)
+    seconds, usd = account.estimate(2)
+    assert seconds > 0 and usd > 0
+    now, spent = float(account.clock.now), account.usd
+    assert over_limit(RunConfig(), account, 2) is None
+    assert over_limit(RunConfig(budget_usd=spent + 1.01 * usd), account, 2) is None
+    assert over_limit(RunConfig(budget_usd=spent + 0.99 * usd), account, 2) == "budget_usd"
+    assert over_limit(RunConfig(deadline_s=now + 1.01 * seconds), account, 2) is None
+    assert over_limit(RunConfig(deadline_s=now + 0.99 * seconds), account, 2) == "deadline_s"
+    assert cost.run_left(RunConfig(budget_usd=4 * spent, deadline_s=2 * now), now, spent) == \
+        pytest.approx(cost.Left(0.75, 0.5))
+    assert cost.run_left(RunConfig(), now, spent) == cost.Left(1.0, 1.0)  # no limits: all left
+    assert cost.run_left(RunConfig(budget_usd=spent / 2), now, spent).budget == 0.0  # clipped
+
+
+@pytest.mark.slow
+def test_deadline_stops_before_the_round_that_would_pass_it(tmp_path):
+    # azure_aci: about 41 modeled seconds a round (a 20 s cold start, the shards, the learner)
+    summary, records = _train(tmp_path, "deadline", run={"deadline_s": 100.0})
+    assert summary["stop_reason"] == "deadline_s" and 1 <= summary["rounds"] < 6
+    assert records[-1]["cum_modeled_s"] == summary["modeled_seconds"] <= 100.0
+    assert json.loads((tmp_path / "deadline" / "summary.json").read_text())["stop_reason"] == "deadline_s"
 
 
 def test_max_rounds_and_a_cluster_start_up(tmp_path):

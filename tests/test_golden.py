@@ -51,7 +51,7 @@ GOLDEN = {
     "scheduling_mdp_2updates": {
         INTEL: "0ceb7839d3b573f453b9ffc2743141796251c2296d532b3691f06ef332583543",
         EPYC_AVX512: "0ceb7839d3b573f453b9ffc2743141796251c2296d532b3691f06ef332583543",
-        EPYC_AVX2: "ec74f400b7e76b7eb00ee088e793dd5384d82bdd4b4d8854dd94f1a47e1aa331"},
+        EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402"},
 }
 
 RUN = {"progress": False, "tensorboard": False, "compile_cache": False}

@@ -12,6 +12,7 @@ from jaxrl_dist.scheduling import learned
 from jaxrl_dist import scheduler_training
 from jaxrl_dist.scheduling import mdp
 from jaxrl_dist.scheduling import profile
+from jaxrl_dist.scheduling import cost
 from jaxrl_dist.scheduling.records import Record
 from jaxrl_dist.config import CostConfig, from_dict
 
@@ -25,9 +26,10 @@ def task():
                                "total_timesteps": 2 * 8 * 20}})
 
 
-def make_env(target=475.0, max_rounds=3, episodes=2):
+def make_env(target=475.0, max_rounds=3, episodes=2, budgets=(0.0, 0.0), deadlines=(0.0, 0.0), no_limit=0.5):
+    """The scheduling MDP of a tiny CartPole run; by default no episode has a limit."""
     opts = mdp.SchedOptions(M, max_rounds, target, 0.5, 10.0, profile.Profile(),
-                                mdp.Scale(0.0, 500.0, max_rounds, M))
+                            mdp.Scale(0.0, 500.0, max_rounds, M), budgets, deadlines, no_limit)
     return mdp.SchedulingEnv(task(), CostConfig(), opts, episodes)
 
 
@@ -75,10 +77,11 @@ def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
                               "total_timesteps": 2 * 8 * 6},
                      "scheduler": {"name": "learned", "path": str(trained)},
                      "run": {"dir": str(tmp_path), "progress": False, "tensorboard": False,
-                             "compile_cache": False}})
-    summary = train(cfg)
+                             "compile_cache": False, "budget_usd": 0.004}})
+    summary = train(cfg)  # azure_aci: $0.001-0.002 a round, so the budget ends it first
     shards = [json.loads(line)["num_shards"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert summary["scheduler"] == "learned" and all(1 <= n <= M for n in shards)
+    assert summary["stop_reason"] == "budget_usd" and 1 <= len(shards) < 6 and summary["cost_usd"] <= 0.004
 
 
 def test_fine_tuning_starts_from_the_given_params(trained):
@@ -129,9 +132,10 @@ def test_an_envpool_task_cannot_be_the_scheduling_mdp():
 def test_features_from_records_hand_checked():
     """What `scheduler=learned` sees after some rounds (the MDP computes the same)."""
     scale = mdp.Scale(0.0, 500.0, 60, 16)
-    empty = mdp.features(mdp.obs_from_records([], scale, 0.5), scale, np)
+    empty = mdp.features(mdp.obs_from_records([], scale, cost.Left(0.5, 0.25)), scale, np)
     assert empty.dtype == np.float32 and empty.shape == (len(mdp.FEATURES),)
     assert dict(zip(mdp.FEATURES, empty))["budget_left"] == 0.5
+    assert dict(zip(mdp.FEATURES, empty))["time_left"] == 0.25
     def rec(recent, loss, kl, busy, n):
         return Record(1, 0, None, {"loss": loss, "approx_kl": kl}, None, (0.0,), (0.0,), n,
                       learn_s=1.0, round_s=4.0, busy_s=busy, return_recent=recent)
@@ -139,7 +143,8 @@ def test_features_from_records_hand_checked():
     history = [rec(100.0, 1.0, 0.01, 1.0, 8), rec(None, 0.0, 0.0, 2.0, 4)]
     f = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records(history, scale), scale, np)))
     want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
-            "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "n_frac": 0.25}
+            "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "time_left": 1.0,
+            "n_frac": 0.25}
     assert f == pytest.approx(want)
 
 
@@ -160,3 +165,78 @@ def test_fine_tuning_from_another_shard_range_names_the_key(trained):
     start = start._replace(meta={**start.meta, "max_shards": start.meta["max_shards"] + 1})
     with pytest.raises(ConfigError, match="scheduler.init_from: .*scheduler.max_shards="):
         scheduler_training.train_scheduler(make_env(), num_steps=2, updates=1, init_from=start, log=lambda s: None)
+
+
+def test_limits_end_episodes_and_their_features_move():
+    """Every episode (never "none") has a budget of 1.2 rounds at M shards and a deadline
+    of 3: the first round (one shard) shows both partly spent; the next (M shards) would
+    pass the budget, so the episode ends before it, terminated, with the bonus share of
+    the return reached."""
+    env = make_env(max_rounds=3, budgets=(0.4, 0.4), deadlines=(1.0, 1.0), no_limit=0.0)
+    state, _ = env.reset(jax.random.key(0))
+    assert np.isfinite(np.asarray(state.budget)).all() and np.isfinite(np.asarray(state.deadline)).all()
+    step = jax.jit(env.step)
+    state, first = step(state, jnp.array([0, 0]), jax.random.key(1))
+    f = dict(zip(mdp.FEATURES, np.asarray(first.obs).T))
+    assert ((0.0 < f["budget_left"]) & (f["budget_left"] < 1.0)).all()
+    assert ((0.0 < f["time_left"]) & (f["time_left"] < 1.0)).all()
+    _, second = step(state, jnp.array([1, 1]), jax.random.key(2))  # two shards: past the budget
+    assert bool(second.terminated.all()) and not bool(second.truncated.any())
+    r = np.asarray(second.reward)  # no round run, so no cost: the bonus share of the return reached
+    assert ((0.0 <= r) & (r < 1.0)).all()
+    none = make_env(max_rounds=3, budgets=(0.4, 0.4), deadlines=(1.0, 1.0), no_limit=1.0)
+    state, _ = none.reset(jax.random.key(0))
+    assert np.isinf(np.asarray(state.budget)).all() and np.isinf(np.asarray(state.deadline)).all()
+
+
+def test_a_scheduler_of_another_feature_set_or_shard_range_is_refused(trained, tmp_path):
+    """One line naming the file and the mismatch (the CLI prints it and exits 2)."""
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.scheduling.schedulers import make_scheduler
+
+    old = learned.load(trained)
+    unnamed = learned.save(old._replace(meta={k: v for k, v in old.meta.items() if k != "features"}),
+                           tmp_path / "unnamed.msgpack")
+    renamed = learned.save(old._replace(meta={**old.meta, "features": ["cpu_load", *mdp.FEATURES[1:]]}),
+                           tmp_path / "renamed.msgpack")
+    base = {"trainer": "sync", "backend": {"name": "local", "max_shards": M}}
+    for sched, named, why in (({"path": str(unnamed)}, unnamed, "records no feature names"),
+                              ({"path": str(renamed)}, renamed, "cpu_load unknown"),
+                              ({"path": str(trained), "max_shards": 1}, trained, "1..2 shards")):
+        cfg = from_dict({**base, "scheduler": {"name": "learned", **sched}})
+        with pytest.raises(ConfigError) as err:
+            make_scheduler(cfg.scheduler, cfg.backend, cfg)
+        line = str(err.value)
+        assert "\n" not in line and str(named) in line and why in line, line
+
+
+def _first_rows(params, rows):
+    """`params` with each MLP's first kernel cut to (or zeroed outside) `rows`."""
+    out = jax.tree.map(np.asarray, params)
+    for mlp in out["params"].values():
+        mlp["Dense_0"] = {**mlp["Dense_0"], "kernel": rows(mlp["Dense_0"]["kernel"])}
+    return out
+
+
+def test_a_scheduler_trained_on_fewer_features_reads_its_own_by_name(trained, tmp_path, capsys):
+    """A file from before `time_left` (its 9 features named) acts on those 9, selected by
+    name: the same n as the 10-feature network whose `time_left` weights are zero. A run
+    that sets a limit it was not trained to see says so (the run still stops there)."""
+    from jaxrl_dist.scheduling.schedulers import make_scheduler
+
+    new = learned.load(trained)
+    t = mdp.FEATURES.index("time_left")
+    names = [f for f in mdp.FEATURES if f != "time_left"]
+    meta = {k: v for k, v in new.meta.items() if k not in ("budgets", "deadlines", "no_limit")}
+    old = learned.Trained(_first_rows(new.params, lambda k: np.delete(k, t, 0)), {**meta, "features": names})
+    zeroed = learned.Trained(_first_rows(new.params, lambda k: np.where(np.arange(len(k))[:, None] == t, 0.0, k)),
+                             new.meta)
+    path = learned.save(old, tmp_path / "old.msgpack")
+    cfg = from_dict({"trainer": "sync", "backend": {"name": "local", "max_shards": M},
+                     "scheduler": {"name": "learned", "path": str(path)}, "run": {"deadline_s": 60.0}})
+    sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    assert "without seeing run.deadline_s" in capsys.readouterr().err
+    act, rng_ = learned.policy(zeroed), np.random.default_rng(0)
+    for _ in range(20):
+        x = rng_.uniform(-1.0, 1.0, len(mdp.FEATURES)).astype(np.float32)
+        assert sched.act(x) == act(x)

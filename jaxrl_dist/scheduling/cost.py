@@ -62,6 +62,29 @@ def _xp(*args):
     return np
 
 
+class Left(NamedTuple):
+    """What a run has left of its limits, as a scheduler sees it (`left_fraction`)."""
+
+    budget: float = 1.0  # of run.budget_usd
+    time: float = 1.0  # of run.deadline_s
+
+
+def left_fraction(spent, limit, xp=np):
+    """The share of `limit` not yet spent, in [0, 1]; 1.0 without a limit (None or inf).
+
+    The one definition of the schedulers' `budget_left` (dollars so far against
+    `run.budget_usd`) and `time_left` (modeled seconds so far against
+    `run.deadline_s`), in the scheduling MDP and in a live run."""
+    if limit is None:
+        return 1.0
+    return xp.clip(1.0 - spent / limit, 0.0, 1.0)
+
+
+def run_left(run_cfg, modeled_s: float, usd: float) -> Left:
+    """A live run's `Left` from its modeled seconds and dollars so far."""
+    return Left(float(left_fraction(usd, run_cfg.budget_usd)), float(left_fraction(modeled_s, run_cfg.deadline_s)))
+
+
 def billed_seconds(cfg, seconds, xp=np):
     """What a platform bills for `seconds` of use: rounded up to a multiple of
     `billing_granularity_s`, at least `min_billed_s`."""
@@ -178,15 +201,16 @@ class CostAccount:
         parts = {k: float(v) for k, v in rc.components.items()}
         return RoundCost(float(rc.modeled_s), float(rc.usd), parts), cold
 
-    def estimate_usd(self, n: int) -> float:
-        """What a round of `n` shards starting now should cost: every shard as slow as the
-        slowest of the last few rounds, their largest learner time and bytes per shard
-        (before any round: no compute, only start-up, minimum billing and fees)."""
+    def estimate(self, n: int) -> tuple:
+        """`(modeled seconds, dollars)` a round of `n` shards starting now should take:
+        every shard as slow as the slowest of the last few rounds, their largest learner
+        time and bytes per shard (before any round: no compute, only start-up, minimum
+        billing and fees)."""
         seen = list(self._recent) or [Estimate(0.0, 0.0, 0.0)]
         shard_s = max(e.shard_s for e in seen)
         moved = max(e.bytes_per_shard for e in seen) * n
         rc, _ = self._cost(n, np.full((n,), shard_s), moved, max(e.learn_s for e in seen))
-        return float(rc.usd)
+        return float(rc.modeled_s), float(rc.usd)
 
 
 class AsyncAccount:

@@ -15,6 +15,7 @@ import numpy as np
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.core.networks import make_network
 from jaxrl_dist.core.types import EnvSpec
+from jaxrl_dist.scheduling.cost import Left
 from jaxrl_dist.scheduling.mdp import FEATURES, Scale, features, obs_from_records
 
 PRESETS = Path(__file__).resolve().parents[1] / "presets" / "schedulers"
@@ -41,15 +42,20 @@ def load(path) -> Trained:
     data = serialization.msgpack_restore(Path(path).read_bytes())
     return Trained(data["params"], json.loads(data["meta"]))
 
+def columns(trained: Trained) -> np.ndarray:
+    """Where the features the scheduler was trained on sit in `FEATURES`, in its order."""
+    return np.asarray([FEATURES.index(f) for f in trained.meta["features"]], np.int32)
+
 def policy(trained: Trained):
-    """`act(features[F]) -> n`: the greedy shard count of a trained scheduler."""
-    m = trained.meta
-    spec = EnvSpec("scheduler", "gymnax", (len(FEATURES),), np.float32, True, m["max_shards"])
+    """`act(features[len(FEATURES)]) -> n`: the greedy shard count of a trained scheduler,
+    from the features it was trained on (selected by name)."""
+    m, cols = trained.meta, columns(trained)
+    spec = EnvSpec("scheduler", "gymnax", (len(cols),), np.float32, True, m["max_shards"])
     net = make_network(spec, "mlp", tuple(m["hidden_sizes"]), m["activation"])
     apply = jax.jit(net.apply)
 
     def act(x) -> int:
-        return int(np.argmax(np.asarray(apply(trained.params, x[None]).logits[0]))) + 1
+        return int(np.argmax(np.asarray(apply(trained.params, x[None, cols]).logits[0]))) + 1
 
     return act
 
@@ -73,21 +79,54 @@ class LearnedScheduler:
         if not path.is_file():
             raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
         trained = load(path)
-        M = trained.meta["max_shards"]
-        if M > backend_cfg.max_shards:
-            raise ConfigError(f"backend.max_shards={backend_cfg.max_shards} is below the "
-                              f"{M} shards the scheduler in {path} chooses from")
+        check_fits(trained, path, backend_cfg, cfg)
+        if full is not None:
+            note_unseen_limits(trained, path, full.run)
         self.trained, self.act = trained, policy(trained)
         self.scale = scale_for(trained, full)
 
-    def num_shards(self, round_: int, history: list, budget_left: float = 1.0) -> int:
-        obs = obs_from_records(history, self.scale, budget_left)
+    sees_limits = True  # the round trainer passes what is left of run.budget_usd / run.deadline_s
+
+    def num_shards(self, round_: int, history: list, left: Left = Left()) -> int:
+        obs = obs_from_records(history, self.scale, left)
         return self.act(np.asarray(features(obs, self.scale, np)))
 
     def expected_shards(self) -> float:
         return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
 
 FALLBACK = "CartPole-v1"
+
+def check_fits(trained: Trained, path, backend_cfg, cfg) -> None:
+    """Refuse, in one line naming the file, a scheduler this run cannot use: one whose
+    feature names are unknown here or not recorded (inputs that would mean other
+    things), or trained for more shards than the backend has, or for another range than
+    `scheduler.max_shards` asks for. A scheduler trained on fewer of `FEATURES` (before
+    `time_left`) reads its own by name."""
+    names = trained.meta.get("features")
+    if names is None:
+        raise ConfigError(f"scheduler.path: {path} records no feature names (an older feature set); "
+                          f"retrain it with `jaxrl-dist scheduler train`")
+    unknown = [f for f in names if f not in FEATURES]
+    if unknown or len(set(names)) != len(names):
+        raise ConfigError(f"scheduler.path: {path} was trained on another feature set "
+                          f"({', '.join(unknown) or 'repeated names'} unknown to this version's "
+                          f"{', '.join(FEATURES)}); retrain it with `jaxrl-dist scheduler train`")
+    M = trained.meta["max_shards"]
+    if M > backend_cfg.max_shards:
+        raise ConfigError(f"backend.max_shards={backend_cfg.max_shards} is below the "
+                          f"{M} shards the scheduler in {path} chooses from")
+    if cfg.max_shards is not None and cfg.max_shards != M:
+        raise ConfigError(f"scheduler.max_shards={cfg.max_shards}: the scheduler in {path} "
+                          f"was trained to choose from 1..{M} shards")
+
+def note_unseen_limits(trained: Trained, path, run_cfg) -> None:
+    """Say when the run sets a limit the scheduler was not trained to see."""
+    names, limited = trained.meta["features"], "budgets" in trained.meta  # trained under limits
+    unseen = [key for key, f in (("run.budget_usd", "budget_left"), ("run.deadline_s", "time_left"))
+              if getattr(run_cfg, key.split(".")[1]) is not None and not (limited and f in names)]
+    if unseen:
+        print(f"note: the scheduler in {path} was trained without seeing {', '.join(unseen)}; "
+              f"the run still stops at it", file=sys.stderr)
 
 def scale_for(trained: Trained, full=None) -> Scale:
     """The trained scale, with the return range of the task it now schedules when that

@@ -17,6 +17,16 @@ Reward per round: `-(w * modeled_s / ref_s + (1 - w) * usd / ref_usd)`, where
 at most) and `w = scheduler.time_weight`; reaching `run.target_return` ends
 the episode with `+scheduler.target_bonus`. An episode that reaches
 `scheduler.max_rounds` is truncated (it bootstraps; no bonus).
+
+Limits: each episode draws a dollar budget and a modeled-seconds deadline
+(`SchedOptions.limits`; each is "none" with probability `no_limit`), and the
+scheduler sees the fraction of each not yet spent (`budget_left`, `time_left`,
+`left_fraction`, the same definition the live trainers feed it). A round that
+would take the dollars or the seconds past its limit is not run, as a live
+run stops before it: the episode ends there, terminated (the run is over, so
+nothing is bootstrapped), with `target_bonus` times the fraction of the return
+range reached, so one policy learns to spend differently under a tight and a
+loose budget.
 """
 from __future__ import annotations
 
@@ -34,11 +44,12 @@ from jaxrl_dist.core.learner import init_train_from_key, make_learner
 from jaxrl_dist.core.types import EnvSpec, StepOut
 from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.scheduling import cost
+from jaxrl_dist.scheduling.cost import Left, left_fraction
 from jaxrl_dist.scheduling.profile import Profile
 from jaxrl_dist.scheduling.target import TARGET_ROUNDS, recent_return
 
 FEATURES = ("round_frac", "loss", "return", "approx_kl", "learn_frac", "actor_frac",
-            "round_s", "budget_left", "n_frac")
+            "round_s", "budget_left", "time_left", "n_frac")
 
 class Scale(NamedTuple):
     """Per-task normalisers of the features, fixed when the scheduler is trained."""
@@ -59,6 +70,7 @@ class RoundObs(NamedTuple):
     actor_s: Any
     round_s: Any
     budget_left: Any
+    time_left: Any
     n: Any
 
 def features(o: RoundObs, s: Scale, xp=jnp):
@@ -74,19 +86,24 @@ def features(o: RoundObs, s: Scale, xp=jnp):
         xp.clip(o.actor_s / t, 0.0, 1.0),
         xp.tanh(xp.log1p(o.round_s)),
         xp.clip(o.budget_left, 0.0, 1.0),
+        xp.clip(o.time_left, 0.0, 1.0),
         o.n / s.max_shards,
     ]).astype(xp.float32)
 
-def obs_from_records(history: list, s: Scale, budget_left: float = 1.0) -> RoundObs:
+def obs_from_records(history: list, s: Scale, left: Left = Left()) -> RoundObs:
     """The latest round's `RoundObs` from the round trainer's records (zeros before any)."""
     if not history:
-        return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, budget_left, 0.0)
+        return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, left.budget, left.time, 0.0)
     last = history[-1]
     ret = next((r.return_recent for r in reversed(history) if r.return_recent is not None),
                s.return_lo)
     return RoundObs(float(len(history)), last.losses.get("loss") or 0.0, ret,
                     last.losses.get("approx_kl") or 0.0, last.learn_s, last.busy_s or 0.0, last.round_s,
-                    budget_left, float(last.num_shards))
+                    left.budget, left.time, float(last.num_shards))
+
+def progress(ret, s: Scale):
+    """The share of the scale's return range `ret` has reached, in [0, 1]."""
+    return jnp.clip((ret - s.return_lo) / max(s.return_hi - s.return_lo, 1e-6), 0.0, 1.0)
 
 class Inner(NamedTuple):
     """One episode of the scheduling MDP: a task's training run, mid-way."""
@@ -95,6 +112,8 @@ class Inner(NamedTuple):
     table: Any  # its slots' states, leaves [M, ...]
     clock: Any  # cost.SlotClock on the modeled clock
     usd: Any  # dollars so far
+    budget: Any  # this episode's dollar limit (inf: none)
+    deadline: Any  # its modeled-seconds limit (inf: none)
     obs: RoundObs  # what the scheduler saw after the last round
     key: Any
     sums: Any  # [rounds.TARGET_ROUNDS] episode return sums of the latest rounds, newest first
@@ -110,6 +129,11 @@ class SchedOptions(NamedTuple):
     target_bonus: float
     profile: Profile
     scale: Scale
+    # (lo, hi) of the budget and the deadline an episode draws, uniformly, in units of
+    # `max_rounds` rounds at `max_shards` shards (`SchedulingEnv.ref`); (0, 0): never a limit
+    budgets: tuple = (0.05, 0.5)
+    deadlines: tuple = (0.1, 0.6)
+    no_limit: float = 0.5  # the chance of "none" for each
 
 class SchedulingEnv:
     """`num_envs` parallel training runs of one task; the action is the next round's `n - 1`.
@@ -145,17 +169,27 @@ class SchedulingEnv:
                              p.learn_s_fixed + p.learn_s_per_sample * M * self.steps_per_shard, True)
         return max(float(rc.modeled_s), 1e-9), max(float(rc.usd), 1e-12)
 
+    def _limit(self, key, span: tuple, ref: float):
+        """One episode's limit: `ref * max_rounds * U(span)`, or inf ("none")."""
+        o = self.opts
+        k_none, k_u = jax.random.split(key)
+        value = ref * o.max_rounds * jax.random.uniform(k_u, (), minval=span[0], maxval=span[1])
+        none = (jax.random.uniform(k_none, ()) < o.no_limit) | (span[1] <= 0)
+        return jnp.where(none, jnp.inf, value)
+
     def _init_one(self, key) -> Inner:
         M = self.opts.max_shards
-        k_train, k_slots, k_next = jax.random.split(key, 3)
+        k_train, k_slots, k_next, k_budget, k_deadline = jax.random.split(key, 5)
         train = init_train_from_key(self.learner, k_train)
         table = jax.vmap(lambda k: self.program.init_slot(k))(jax.random.split(k_slots, M))
         clock = cost.SlotClock(jnp.zeros(()), jnp.full((M,), -jnp.inf))
         s = self.opts.scale
         obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
-            ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()))
+            ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()), time_left=jnp.ones(()))
         window = jnp.zeros((TARGET_ROUNDS,))
-        return Inner(train, table, clock, jnp.zeros(()), obs, k_next, window, window)
+        budget = self._limit(k_budget, self.opts.budgets, self.ref[1])
+        deadline = self._limit(k_deadline, self.opts.deadlines, self.ref[0])
+        return Inner(train, table, clock, jnp.zeros(()), budget, deadline, obs, k_next, window, window)
 
     def reset(self, key):
         inner = jax.vmap(self._init_one)(jax.random.split(key, self.num_envs))
@@ -178,26 +212,32 @@ class SchedulingEnv:
         counts = jnp.roll(inner.counts, 1).at[0].set(m["episodes"])
         recent = recent_return(sums, counts, self.task_cfg.run.target_episodes, jnp)
         ret = jnp.where(jnp.isnan(recent), inner.obs.ret, recent)
+        clock = cost.advance(inner.clock, n, rc)
+        usd = inner.usd + rc.usd
         obs = RoundObs(inner.obs.round + 1, m["loss"], ret, m["approx_kl"], learn_s,
                        jnp.max(jnp.where(jnp.arange(M) < n, shard_s, 0.0)), rc.modeled_s,
-                       jnp.ones(()), n.astype(jnp.float32))
-        clock = cost.advance(inner.clock, n, rc)
-        return Inner(train, table, clock, inner.usd + rc.usd, obs, key, sums, counts), rc, ret
+                       left_fraction(usd, inner.budget, jnp), left_fraction(clock.now, inner.deadline, jnp),
+                       n.astype(jnp.float32))
+        new = Inner(train, table, clock, usd, inner.budget, inner.deadline, obs, key, sums, counts)
+        return new, rc, ret
 
     def _step_one(self, inner: Inner, action, key):
         o, s = self.opts, self.opts.scale
         n = jnp.clip(action + 1, 1, o.max_shards).astype(jnp.int32)
         new, rc, ret = self._round(inner, n)
         ref_s, ref_usd = self.ref
-        reached = ret >= o.target_return
-        truncated = (new.obs.round >= o.max_rounds) & ~reached
+        # the round that would pass a limit is not run (a live run stops before it)
+        over = (new.usd > inner.budget) | (new.clock.now > inner.deadline)
+        reached = ~over & (ret >= o.target_return)
+        truncated = (new.obs.round >= o.max_rounds) & ~reached & ~over
         reward = -(o.time_weight * rc.modeled_s / ref_s + (1 - o.time_weight) * rc.usd / ref_usd)
+        reward = jnp.where(over, o.target_bonus * progress(inner.obs.ret, s), reward)
         reward = reward + jnp.where(reached, o.target_bonus, 0.0)
-        final = features(new.obs, s)
-        done = reached | truncated
+        final = features(jax.tree.map(lambda a, b: jnp.where(over, a, b), inner.obs, new.obs), s)
+        done = reached | truncated | over
         fresh = self._init_one(key)
         nxt = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, new)
-        out = StepOut(features(nxt.obs, s), final, reward.astype(jnp.float32), reached, truncated,
+        out = StepOut(features(nxt.obs, s), final, reward.astype(jnp.float32), reached | over, truncated,
                       jnp.ones((), bool), reward.astype(jnp.float32), done)
         return nxt, out
 

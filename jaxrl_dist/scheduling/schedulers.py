@@ -6,7 +6,10 @@
   continues across a resume), `history` the per-round records so far
   (`scheduling.records.Record`: `ret`, `losses`, `num_shards`, `round_s` ...);
 - `expected_shards()`: the mean `n` the run is expected to use, which sizes the
-  learning-rate schedule (rounds = total steps / (mean n * steps per shard)).
+  learning-rate schedule (rounds = total steps / (mean n * steps per shard));
+- optionally `sees_limits = True`: the round trainer then calls
+  `num_shards(round_, history, left)` with `left` a `cost.Left` (the share of
+  `run.budget_usd` and of `run.deadline_s` not yet spent; 1.0 without the key).
 
 Built in: `fixed`, `max`, `adapt` (reward ratio) and `ramp`. Another scheduler
 subclasses `Scheduler`, implements `propose(round_, history) -> float` (the base

@@ -533,11 +533,17 @@ class AsyncTrainer:
         return metrics, times
 
     def _stop_late(self, records: list) -> Optional[str]:
-        """The stop conditions that need the records: target reached, dollars spent."""
-        target, budget = target_reason(self.cfg, records), self.cfg.run.budget_usd
-        if target is None and budget is not None and self.account.usd >= budget:
-            return "budget"
-        return target
+        """The stop conditions that need the records: target reached, dollars or modeled
+        seconds spent (found after the update that reached them: updates overlap, so the
+        one that would pass a limit cannot be told in advance)."""
+        target, run = target_reason(self.cfg, records), self.cfg.run
+        if target is not None:
+            return target
+        if run.budget_usd is not None and self.account.usd >= run.budget_usd:
+            return "budget_usd"
+        if run.deadline_s is not None and self.account.now >= run.deadline_s:
+            return "deadline_s"
+        return None
 
     def _update(self, train, version: int):
         """Collect `K` chunks and dispatch the update; bookkeeping publishes version + 1

@@ -13,7 +13,8 @@ min/median/max, `dispatch_s`, `transfer_s`, `wait_s`, `learn_s`, `round_s`,
 bytes sent and received, retries and slot resets, and the cost model's
 modeled seconds and dollars with both clocks' running totals (`jaxrl_dist.scheduling.cost`).
 The run stops at `algo.total_timesteps` or a `run.*` stop condition: target
-reached (with `run.stop_at_target`), budget, or `run.max_rounds`.
+reached (with `run.stop_at_target`), `run.budget_usd` or `run.deadline_s` (before
+a round estimated to pass them), or `run.max_rounds`.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from jaxrl_dist.trainers import checkpoint, interrupt, status
 from jaxrl_dist.core import rng
 from jaxrl_dist.backends import BackendError, RoundStats, Job, ShardTask, SlotTable, bucket, make_backend
 from jaxrl_dist.config import Config, to_dict
-from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount
+from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS, CostAccount, run_left
 from jaxrl_dist.trainers.compile_clock import CompileClock
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb,
                                         run_metadata)
@@ -200,6 +201,18 @@ def limit_reason(cfg: Config, r: int, env_steps: int) -> Optional[str]:
     return None
 
 
+def over_limit(run_cfg, account: CostAccount, n: int) -> Optional[str]:
+    """The `run.*` limit a round of `n` shards would take the modeled dollars
+    (`budget_usd`) or the modeled clock (`deadline_s`) past, as `account` estimates
+    it before the round, or None."""
+    seconds, usd = account.estimate(n)
+    if run_cfg.budget_usd is not None and account.usd + usd > run_cfg.budget_usd:
+        return "budget_usd"
+    if run_cfg.deadline_s is not None and float(account.clock.now) + seconds > run_cfg.deadline_s:
+        return "deadline_s"
+    return None
+
+
 def target_reason(cfg: Config, records: list) -> Optional[str]:
     """"target" when the last record reached it and `run.stop_at_target`, else None."""
     run = cfg.run
@@ -259,21 +272,21 @@ class RoundTrainer:
         """Why the run stops before round `r` (0-based), or None to go on."""
         return limit_reason(self.cfg, r, env_steps) or target_reason(self.cfg, records)
 
-    def _over_budget(self, n: int) -> bool:
-        """Whether a round of `n` shards would take the modeled dollars past `run.budget_usd`."""
-        budget = self.cfg.run.budget_usd
-        return budget is not None and self.account.usd + self.account.estimate_usd(n) > budget
+    def _ask(self, r: int, records: list) -> int:
+        """The scheduler's `n`; one that reads the run's limits (`sees_limits`) gets what is left."""
+        if getattr(self.scheduler, "sees_limits", False):
+            left = run_left(self.cfg.run, float(self.account.clock.now), self.account.usd)
+            return self.scheduler.num_shards(r, records, left)
+        return self.scheduler.num_shards(r, records)
 
     def _next_round(self, r: int, env_steps: int, records: list) -> Optional[int]:
         """Round `r`'s shard count, or None with `self.stop_reason` saying why the run stops."""
         self.stop_reason = self._stop_reason(r, env_steps, records)
         if self.stop_reason:
             return None
-        n = self.scheduler.num_shards(r, records)
-        if self._over_budget(n):
-            self.stop_reason = "budget"
-            return None
-        return n
+        n = self._ask(r, records)
+        self.stop_reason = over_limit(self.cfg.run, self.account, n)
+        return None if self.stop_reason else n
 
     def _shard_bound(self) -> tuple:
         """`(most shards a round may run, the keys that set it)`, for the backend's checks."""
