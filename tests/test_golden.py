@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import jax
 import numpy as np
@@ -49,8 +50,7 @@ GOLDEN = {
     "sync_http": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
     "async_staleness0": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
     "scheduling_mdp_2updates": {
-        INTEL: "0ceb7839d3b573f453b9ffc2743141796251c2296d532b3691f06ef332583543",
-        EPYC_AVX512: "0ceb7839d3b573f453b9ffc2743141796251c2296d532b3691f06ef332583543",
+        # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on this kind only
         EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402"},
 }
 
@@ -91,8 +91,18 @@ def mdp_digest():
     return hashlib.sha256(serialization.to_bytes(host)).hexdigest()
 
 
+def machine_kind() -> str:
+    """This CPU's row in `GOLDEN` (by /proc/cpuinfo's vendor and AVX-512)."""
+    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if "GenuineIntel" in info:
+        return INTEL
+    return EPYC_AVX512 if " avx512f" in info else EPYC_AVX2
+
+
 def check(name, digest):
     want = GOLDEN[name]
+    if digest not in want.values() and machine_kind() not in want:
+        pytest.skip(f"{name}: no digest recorded on a {machine_kind()} yet; this one gives {digest}")
     assert digest in want.values(), f"{name}: {digest} is none of the golden digests {want}"
     print(f"GOLDEN {name} {digest} ({', '.join(m for m, d in want.items() if d == digest)})")
 
