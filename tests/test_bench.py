@@ -24,6 +24,7 @@ def quick_cartpole(tmp_path_factory):
     return proc, out, time.monotonic() - t0
 
 
+@pytest.mark.slow  # a CLI run of the quick CartPole case: 26-60 s here
 def test_bench_writes_json_markdown_png_with_the_device(quick_cartpole):
     proc, out, _ = quick_cartpole
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -47,6 +48,7 @@ def test_bench_writes_json_markdown_png_with_the_device(quick_cartpole):
     assert "Against published figures" in proc.stdout  # the comparison table is printed too
 
 
+@pytest.mark.slow  # needs the quick CartPole run above
 def test_budget_is_never_outrun_and_finished_cases_are_kept(quick_cartpole, tmp_path):
     """A second call resumes the first's output under a budget too short for Breakout's
     256 seeds: cartpole_1 is kept from the JSON, Breakout is skipped or killed, and the
