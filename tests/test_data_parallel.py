@@ -24,7 +24,6 @@ from jaxrl_dist.config import DistributedConfig
 from jaxrl_dist.trainers import distributed
 
 TOLERANCE = 1e-5
-ROOT = Path(__file__).resolve().parents[1]
 
 MESH_SCRIPT = """
 import json

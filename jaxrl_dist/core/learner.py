@@ -97,9 +97,8 @@ def grad_steps(a, num_rounds: int) -> int:
 def update_sharding(cfg):
     """Where an update's minibatch samples go under `trainer.devices` (None: one device);
     each shard's envs must split evenly over the data axis."""
-    shape = meshes.mesh_shape(cfg.trainer, jax.device_count())
-    meshes.check_divisible(shape, cfg.backend.envs_per_shard, "backend.envs_per_shard")
-    return None if shape is None else meshes.samples(meshes.make_mesh(shape))
+    mesh = meshes.data_mesh(cfg.trainer, cfg.backend.envs_per_shard, "backend.envs_per_shard")
+    return None if mesh is None else meshes.samples(mesh)
 
 
 def make_learner(cfg, network, spec, expected_shards: float) -> Learner:

@@ -55,6 +55,15 @@ def check_divisible(shape: Optional[MeshShape], count: int, key: str) -> None:
                           f"(trainer.devices / trainer.seed_axis)")
 
 
+def data_mesh(trainer, count: int, key: str) -> Optional[Mesh]:
+    """The mesh `trainer.devices` asks for over the devices present (None for one device),
+    with `count` (of `key`: the envs or samples split over the data axis) checked to divide
+    evenly; a `ConfigError` naming the keys and counts otherwise."""
+    shape = mesh_shape(trainer, jax.device_count())
+    check_divisible(shape, count, key)
+    return None if shape is None else make_mesh(shape)
+
+
 def make_mesh(shape: MeshShape) -> Mesh:
     """A `seeds x data` mesh over the first devices (every process's, in a multi-process run)."""
     devices = np.array(jax.devices()[: shape.devices]).reshape(shape.seeds, shape.data)

@@ -39,14 +39,10 @@ class Setup(NamedTuple):
 def data_mesh(cfg: Config, spec) -> Optional[Mesh]:
     """The mesh `trainer.devices` asks for (None for one device); a `ConfigError` naming
     the keys and counts where the devices or the env count do not fit it."""
-    shape = meshes.mesh_shape(cfg.trainer, jax.device_count())
-    if shape is None:
-        return None
-    if spec.suite == "envpool":
+    if spec.suite == "envpool" and meshes.mesh_shape(cfg.trainer, jax.device_count()) is not None:
         raise ConfigError(f"trainer.devices={cfg.trainer.devices}: envpool steps one pool on the host; "
                           "data-parallel training needs a JAX env suite (gymnax, brax)")
-    meshes.check_divisible(shape, cfg.env.num_envs, "env.num_envs")
-    return meshes.make_mesh(shape)
+    return meshes.data_mesh(cfg.trainer, cfg.env.num_envs, "env.num_envs")
 
 
 def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> Setup:
