@@ -231,19 +231,27 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         grad_fn = jax.value_and_grad(
             lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts, opts.loss_options), has_aux=True)
 
-        def minibatch_step(carry, xs):
-            mb_idx, on = xs
-            flat, opt_state = carry
+        def sgd_step(flat, opt_state, mb_idx):
             mb = jax.tree.map(lambda x: x[mb_idx], batch)
             if opts.batch_sharding is not None:  # each device takes the gradient of its part
                 mb = jax.lax.with_sharding_constraint(mb, opts.batch_sharding)
             (_, metrics), grads = grad_fn(flat, mb)
             updates, new_opt = state.tx.update(grads, opt_state, flat)
+            return flat + updates, new_opt, metrics
+
+        if opts.minibatch_size and not opts.unroll:
+            flat, opt_state, metrics = _active_loop(sgd_step, flat, state.opt_state, idx, active)
+            state = state.replace(params=unravel(flat), opt_state=opt_state, step=state.step + active.sum())
+            return state, metrics
+
+        def minibatch_step(carry, xs):
+            mb_idx, on = xs
+            new_flat, new_opt, metrics = sgd_step(*carry, mb_idx)
             if not opts.minibatch_size:  # every step runs: no selects on the hot path
-                return (flat + updates, new_opt), metrics
+                return (new_flat, new_opt), metrics
             # a skipped step keeps the optimiser's count too, so LR decay follows real steps
             keep = lambda new, old: jnp.where(on, new, old)
-            return (keep(flat + updates, flat), jax.tree.map(keep, new_opt, opt_state)), metrics
+            return (keep(new_flat, carry[0]), jax.tree.map(keep, new_opt, carry[1])), metrics
 
         (flat, opt_state), metrics = jax.lax.scan(
             minibatch_step, (flat, state.opt_state), (idx, active), unroll=True if opts.unroll else 1)
@@ -254,3 +262,22 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         return state, jax.tree.map(lambda m: (m * w).sum() / jnp.maximum(w.sum(), 1.0), metrics)
 
     return update
+
+
+def _active_loop(sgd_step, flat, opt_state, idx, active):
+    """Run `sgd_step` on the active minibatches only, in their order: `(flat, opt_state,
+    mean metrics)`. A round of `n` of `M` padded shards then costs its own `n` shards'
+    steps rather than `M`'s (the padded steps were computed and thrown away); under
+    `vmap` the loop runs as long as the longest member's."""
+    order = jnp.argsort(~active, stable=True)  # the active steps first, in plan order
+    count = active.sum()
+    shape = jax.eval_shape(sgd_step, flat, opt_state, idx[0])[2]
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+
+    def body(k, carry):
+        flat, opt_state, sums = carry
+        flat, opt_state, metrics = sgd_step(flat, opt_state, idx[order[k]])
+        return flat, opt_state, jax.tree.map(jnp.add, sums, metrics)
+
+    flat, opt_state, sums = jax.lax.fori_loop(0, count, body, (flat, opt_state, zeros))
+    return flat, opt_state, jax.tree.map(lambda m: m / jnp.maximum(count, 1).astype(m.dtype), sums)
