@@ -187,6 +187,7 @@ def measure(records: list, summary: dict, t0: float) -> dict:
             "summary_wall_to_target_s": summary.get("wall_to_target_s"),
             "updates": len(records), "env_steps": summary.get("env_steps"),
             "final_return": summary.get("final_return"), "retries": summary.get("retries"),
+            "first_update_s": records[0]["time"] - t0,  # start-up: process start to the first update
             "wall_s": records[-1]["time"] - t0 if records else None}
 
 
@@ -222,7 +223,7 @@ def aggregate(runs: list) -> dict:
         groups.setdefault(key, []).append(r)
     keys = ("env_steps_per_s", "wall_to_target_s", "train_to_target_s", "modeled_env_steps_per_s",
             "modeled_time_to_target_s", "update_s_median", "chunk_compute_s_median",
-            "chunk_roundtrip_s_median", "staleness_max", "dropped", "actors_mean")
+            "chunk_roundtrip_s_median", "staleness_max", "dropped", "actors_mean", "first_update_s")
     agg = {k: {m: stats([r[m] for r in rs]) for m in keys} for k, rs in groups.items()}
     for k, rs in groups.items():  # the bound holds in every run, not on average
         agg[k]["staleness_max"]["max"] = max(r["staleness_max"] for r in rs)
@@ -247,12 +248,14 @@ def cell(s: dict, digits: int = 3) -> str:
 
 
 def table(agg: dict) -> tuple:
-    headers = ["latency (ms)", "stragglers", "mode", "n", "env steps/s", "wall to 475 (s)", "training to 475 (s)",
+    headers = ["latency (ms)", "stragglers", "mode", "n", "env steps/s", "wall to 475 (s)", "start-up (s)",
+               "training to 475 (s)",
                "modeled env steps/s", "modeled time to 475 (s)", "update (ms)", "chunk compute (ms)",
                "chunk round trip (ms)", "staleness max", "dropped", "actors"]
     ms = lambda s: cell({k: None if v is None or k == "n" else 1e3 * v for k, v in s.items()})  # noqa: E731
     rows = [[f"{lat:g}", f"{share:g}" if share else "none", mode, a["env_steps_per_s"]["n"],
-             cell(a["env_steps_per_s"], 4), cell(a["wall_to_target_s"]), cell(a["train_to_target_s"]),
+             cell(a["env_steps_per_s"], 4), cell(a["wall_to_target_s"]), cell(a["first_update_s"]),
+             cell(a["train_to_target_s"]),
              cell(a["modeled_env_steps_per_s"], 4), cell(a["modeled_time_to_target_s"]),
              ms(a["update_s_median"]), ms(a["chunk_compute_s_median"]), ms(a["chunk_roundtrip_s_median"]),
              fmt(a["staleness_max"]["max"]), cell(a["dropped"]),
@@ -273,7 +276,12 @@ def plot(rat: dict, path: Path) -> None:
             pts = sorted((float(k.split("ms")[0]), v[key]) for k, v in rat.items()
                          if k.split("/")[1] == share and key in v)
             label = "no stragglers" if float(share) == 0 else f"stragglers ({float(share):g} of requests)"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+            if key == "wall_to_target_s":  # the same without the start-up both share
+                pts = sorted((float(k.split("ms")[0]), v["train_to_target_s"]) for k, v in rat.items()
+                             if k.split("/")[1] == share and "train_to_target_s" in v)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "s:", color=line.get_color(),
+                        label=label + ", training only")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.axhline(goal, color="tab:red", lw=0.8, ls="--", label=f"target {goal:g}")
         ax.set(xlabel="proxy latency each way (ms)", title=title)
@@ -283,7 +291,7 @@ def plot(rat: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write(runs: list, args, out: Path, extra: dict) -> None:
+def write(runs: list, meta: dict, out: Path) -> None:
     agg = aggregate(runs)
     rat = ratios(agg)
     headers, rows = table(agg)
@@ -292,7 +300,7 @@ def write(runs: list, args, out: Path, extra: dict) -> None:
         print(k, {m: round(x, 3) for m, x in v.items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out.with_suffix(".json"), {
-        "meta": {**machine_info(), "args": vars(args), **extra}, "ratios": rat,
+        "meta": meta, "ratios": rat,
         "aggregate": {f"{lat:g}ms/{share:g}/{mode}": a for (lat, share, mode), a in agg.items()},
         "runs": runs})
     md = markdown_table(headers, rows) + "\n\nasync / sync (means over seeds):\n\n"
@@ -300,6 +308,11 @@ def write(runs: list, args, out: Path, extra: dict) -> None:
     out.with_suffix(".md").write_text(md + "\n")
     if rat:
         plot(rat, out.with_suffix(".png"))
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def parse(argv) -> argparse.Namespace:
@@ -318,11 +331,25 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--max-actors", type=int, default=16)
     p.add_argument("--extra", default="", help="more overrides for every run, space-separated")
     p.add_argument("--out", default=str(RESULTS / "async_remote"))
+    p.add_argument("--from-json", help="only write the table, markdown and PNG again from a saved JSON")
     return p.parse_args(argv)
+
+
+def rewrite(args) -> None:
+    """`--from-json`: the outputs again from a saved run list (start-up filled in where
+    an older run list lacks it: the wall to 475 less the training to 475)."""
+    data = json.loads(Path(args.from_json).read_text())
+    runs = data["runs"]
+    for r in runs:
+        if "first_update_s" not in r and r["wall_to_target_s"] is not None:
+            r["first_update_s"] = r["wall_to_target_s"] - r["train_to_target_s"]
+    write(runs, data["meta"], Path(args.out))
 
 
 def main(argv=None) -> None:
     args = parse(argv)
+    if args.from_json:
+        return rewrite(args)
     token, root = secrets.token_hex(16), Path(tempfile.mkdtemp(prefix="async-remote-"))
     extra = tuple(args.extra.split())
     runs, started = [], time.time()
@@ -341,7 +368,8 @@ def main(argv=None) -> None:
                           f"{fmt(r['chunk_roundtrip_s_median'])} s, staleness max {r['staleness_max']}, "
                           f"dropped {r['dropped']}, actors {fmt(r['actors_mean'])}, "
                           f"load {r['loadavg_before'][0]:.2f}", flush=True)
-                write(runs, args, Path(args.out), {"run_root": str(root), "bench_s": time.time() - started})
+                write(runs, {**machine_info(), "args": vars(args), "run_root": str(root),
+                             "bench_s": time.time() - started, "commit": commit()}, Path(args.out))
 
 
 if __name__ == "__main__":
