@@ -27,14 +27,15 @@ shard try, both directions) is slower: every chunk of such a request waits
 a heavy (Pareto) tail: `factor * (1 - u) ** (-1 / A)` times it, `u` uniform, so
 the factor is at least `--straggler-factor` and a few requests wait far longer.
 Which requests straggle, by how much, and every chunk's delay are a pure function
-of `(seed, X-Shard, X-Attempt)` (a request without `X-Shard` draws from the
-seed's own stream), so runs with one seed meet the same delays whatever the
-order requests arrive in. At `--latency-ms 0` there is no delay to stretch.
+of the seed, the shard's `round/slot` in `X-Shard` (its run id left out, as for the
+faults) and `X-Attempt` (a request without `X-Shard` draws from the seed's own
+stream), so runs with one seed meet the same delays whatever the order requests
+arrive in. At `--latency-ms 0` there is no delay to stretch.
 
 `GET /proxy/stats` answers the counts, the faults injected and the delays sampled
 so far (`delays_ms`: count, mean, p50, p99, max of every chunk's delay, and
-`stragglers`: requests slowed) as JSON (not relayed); on SIGTERM or SIGINT the same JSON is written to `--log` and the
-process exits. `FaultProxy` starts it as its own process and stops it by PID.
+`stragglers`: requests slowed) as JSON (not relayed); on SIGTERM or SIGINT the
+same JSON is written to `--log` and the process exits. `FaultProxy` starts it as its own process and stops it by PID.
 """
 from __future__ import annotations
 
@@ -106,8 +107,9 @@ def _uniforms(*parts) -> tuple:
 
 def straggler_factor(seed: int, shard: str, attempt: str, share: float, factor: float,
                      alpha: float = 0.0) -> float:
-    """How many times its sampled delays a request (one try of a shard) waits: 1, or for
-    a `share` of requests `factor` (times a Pareto(`alpha`) draw when `alpha` > 0)."""
+    """How many times its sampled delays a request (try `attempt` of shard `round/slot`)
+    waits: 1, or for a `share` of requests `factor` (times a Pareto(`alpha`) draw when
+    `alpha` > 0)."""
     u, v = _uniforms("straggler", seed, shard, attempt)
     if u >= share:
         return 1.0
@@ -214,6 +216,8 @@ class Link:
             self.rng, self.factor = self.proxy.rng, 1.0
             return
         attempt = head.headers.get("x-attempt", "")
+        parts = shard.split("/")
+        shard = "/".join(parts[1:]) if len(parts) == 3 else shard  # round/slot: not the run's id
         self.rng = random.Random(hashlib.sha256(f"{o.seed}/{shard}/{attempt}".encode()).digest())
         self.factor = straggler_factor(o.seed, shard, attempt, o.straggler_share, o.straggler_factor,
                                        o.straggler_alpha)
