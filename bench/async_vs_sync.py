@@ -29,6 +29,10 @@ async/sync of the same task and setting.
     python bench/async_vs_sync.py --tasks cartpole --seeds 1
 
 Writes `bench/results/async_vs_sync.{json,md}` and `bench/results/async_vs_sync.png`.
+
+`--regime remote` runs the same comparison over remote actors instead
+(`async_remote.py`): `jaxrl-dist serve` instances behind loopback latency
+proxies, the real CLI on `backend=http`; it writes `bench/results/async_remote.*`.
 """
 from __future__ import annotations
 
@@ -161,7 +165,16 @@ def plot(runs: dict, path: Path) -> None:
 
 
 def main() -> None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--regime", choices=("local", "remote"), default="local")
+    known, rest = pre.parse_known_args()
+    if known.regime == "remote":
+        import async_remote
+
+        return async_remote.main(rest)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--regime", choices=("local", "remote"), default="local",
+                   help="remote: serve instances behind latency proxies, the CLI on backend=http")
     p.add_argument("--tasks", default="cartpole,cartpole_envpool,pong")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--settings", default=",".join(SETTINGS))

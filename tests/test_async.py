@@ -295,17 +295,23 @@ def test_async_through_the_cli_writes_its_metrics(tmp_path):
 
 
 def _killing(monkeypatch, cls, slot: int, index: int, kill) -> list:
-    """Patch `cls.run_round` to call `kill(backend)` once, just before slot `slot`'s
+    """Patch what the actors call (`cls.run_shard` on a one-shard backend, else
+    `cls.run_round`) to call `kill(backend)` once, just before slot `slot`'s
     `index`-th chunk goes out; returns the list that records the kill."""
-    done, run_round = [], cls.run_round
+    from jaxrl_dist.backends import capabilities
 
-    def run(self, round_, params, tasks, table):
-        if not done and tasks[0].slot == slot and round_ == index:
+    done = []
+    name = "run_shard" if capabilities(cls).one_shard else "run_round"
+    call = getattr(cls, name)
+
+    def run(self, round_, params, tasks, state):
+        task = tasks if name == "run_shard" else tasks[0]
+        if not done and task.slot == slot and round_ == index:
             kill(self)
             done.append(round_)
-        return run_round(self, round_, params, tasks, table)
+        return call(self, round_, params, tasks, state)
 
-    monkeypatch.setattr(cls, "run_round", run)
+    monkeypatch.setattr(cls, name, run)
     return done
 
 

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from tools.faultproxy import FAULTS, FaultProxy, fault_for
+from tools.faultproxy import FAULTS, FaultProxy, fault_for, straggler_factor
 
 
 class Echo(BaseHTTPRequestHandler):
@@ -133,3 +133,39 @@ def test_delayed_chunks_are_pipelined_and_never_overtake():
     times = [t - t0 for _, t in got]
     assert times[0] >= 0.29 and times[1] >= times[0]  # the second waits for the first
     assert 0.29 <= times[-1] < 0.6, times  # 0.3 s in all, not 0.8
+
+
+def test_stragglers_are_the_seeds_share_and_stretch_the_whole_request(upstream, tmp_path):
+    """A quarter of the requests (chosen by the seed, whatever their order) wait 5x the
+    10 ms each way; the log's delay summary shows the tail, and the client feels it."""
+
+    seed, n = 3, 40
+    proxy = FaultProxy(upstream, tmp_path / "log.json", latency_ms=10, jitter_ms=1, seed=seed,
+                       straggler_share=0.25, straggler_factor=5)
+    slow, fast = [], []
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=5)
+        for i in range(n):
+            t0 = time.perf_counter()
+            assert post(conn, f"run/{i}/0", 0) == 200
+            hit = straggler_factor(seed, f"{i}/0", "0", 0.25, 5.0) > 1.0  # the run id left out
+            (slow if hit else fast).append(time.perf_counter() - t0)
+    finally:
+        log = proxy.stop()
+    assert log["stragglers"] == len(slow) and 0.1 <= len(slow) / n <= 0.4, len(slow)
+    d = log["delays_ms"]
+    assert d["count"] == 2 * n  # one delayed chunk each way per request
+    assert 8 <= d["p50"] <= 12 and 40 <= d["max"] <= 60 and d["p99"] >= 40, d
+    assert log["link"]["straggler_share"] == 0.25
+    # a straggler waits ~100 ms in all, the others ~20 ms
+    assert sorted(slow)[len(slow) // 2] >= 0.09 > sorted(fast)[len(fast) // 2], (slow, fast)
+
+
+def test_the_straggler_tail_is_the_seeds_and_heavy():
+    shards = [f"{r}/{s}" for r in range(500) for s in range(8)]
+    fixed = [straggler_factor(0, sh, "0", 0.1, 5.0) for sh in shards]
+    assert fixed == [straggler_factor(0, sh, "0", 0.1, 5.0) for sh in shards]
+    assert 0.08 < sum(f > 1 for f in fixed) / len(fixed) < 0.12 and set(fixed) == {1.0, 5.0}
+    pareto = [f for sh in shards if (f := straggler_factor(0, sh, "0", 0.1, 5.0, alpha=1.5)) > 1]
+    assert min(pareto) >= 5.0 and max(pareto) > 4 * 5.0  # a tail well past the least factor
+    assert [straggler_factor(0, sh, "1", 0.1, 5.0) for sh in shards] != fixed  # a retry draws anew

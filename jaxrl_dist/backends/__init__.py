@@ -53,6 +53,7 @@ class ShardInfo(NamedTuple):
     reset: bool  # the worker reset this slot's envs (a sticky slot it had not seen)
     retries: int
     worker: str
+    roundtrip_s: Optional[float] = None  # a remote backend's wait for its answer, retries included
 
 
 class RoundStats(NamedTuple):

@@ -11,6 +11,11 @@ Bodies are msgpack, raw-deflated with `backend.compression=deflate`; the
 params are packed once per round. Each try names its shard and try number in
 `X-Shard` (`run_id/round/slot`) and `X-Attempt` (0 for the first), so a proxy
 or a function's logs can tell a retry from a new shard.
+
+The async trainer's actors post one shard each (`run_shard`, no round around
+it) with the newest published params; the params are packed (and deflated)
+once per params object, not once per chunk, since every actor posts the same
+version until the learner publishes the next.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from jaxrl_dist.backends import BackendError, RoundStats, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
+                                 stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
@@ -43,6 +49,7 @@ def bearer_token(cfg) -> Optional[str]:
 
 class HttpBackend:
     name = "http"
+    capabilities = Capabilities(one_shard=True)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -62,6 +69,7 @@ class HttpBackend:
                                         name="jaxrl-dist-http")
         self._thread.start()
         self._client = self._call(self._make_client())
+        self._packed, self._packed_lock = None, threading.Lock()  # (params, its encoder)
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -73,23 +81,32 @@ class HttpBackend:
                               max_keepalive_connections=max(64, self.cfg.max_shards))
         return httpx.AsyncClient(timeout=self.cfg.shard_timeout, limits=limits)
 
+    def _encoder(self, params) -> wire.RequestEncoder:
+        """The requests' encoder for `params`, packed once per params object (the
+        reference kept here keeps the identity check sound)."""
+        with self._packed_lock:
+            if self._packed is None or self._packed[0] is not params:
+                self._packed = (params, wire.RequestEncoder(params, self.compress))
+            return self._packed[1]
+
     def start(self, job: Job) -> None:
         self.job = job
         self.templates = wire.output_templates(job.program)
 
     async def _post(self, slot: int, body: bytes, shard: str = ""):
         """Post one shard under the retry policy, each try on the next endpoint;
-        `(body, retries, url, bytes on the wire)`. `shard`: its `run_id/round/slot`."""
+        `(body, retries, url, bytes on the wire, seconds)`. `shard`: its `run_id/round/slot`."""
         def post(attempt: int):
             headers = {**self.headers, "x-shard": shard, "x-attempt": str(attempt)}
             return self._post_once(self.urls[(slot + attempt) % len(self.urls)], body, headers)
 
+        t0 = time.perf_counter()
         try:
             (content, url, size), retries = await self.retry.call_async(post)
         except GaveUp as gave_up:
             raise BackendError(f"shard slot {slot} failed after {gave_up.tries} tries: "
                                f"{gave_up.error}") from gave_up.error
-        return content, retries, url, size
+        return content, retries, url, size, time.perf_counter() - t0
 
     async def _post_once(self, url: str, body: bytes, headers: Optional[dict] = None):
         """One try at `url`: `(body, url, bytes on the wire)`, or a `Failure` naming the url."""
@@ -119,7 +136,7 @@ class HttpBackend:
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()
         job = self.job
-        encoder = wire.RequestEncoder(params, self.compress)
+        encoder = self._encoder(params)
         bodies = [encoder.encode(wire.ShardRequest(job.spec, t.slot, t.key, None,
                                                    None if table is None else table.get(t.slot),
                                                    job.run_id, job.seed, round_))
@@ -135,11 +152,27 @@ class HttpBackend:
             table.put([t.slot for t in tasks], [d.output.actor for d in decoded])
         traj, boot = stack_outputs([d.output for d in decoded], bucket(len(tasks), self.cfg.max_shards))
         t4 = time.time()
-        shards = [ShardInfo(t.slot, d.timings, d.reset, r[1], f"{r[2]} {d.worker}")
+        shards = [ShardInfo(t.slot, d.timings, d.reset, r[1], f"{r[2]} {d.worker}", r[4])
                   for t, d, r in zip(tasks, decoded, replies)]
         # dispatch: encode the requests; wait: send, run, receive; transfer: decode and stack
         stats = RoundStats(t1 - t0, t4 - t2, t2 - t1, sum(len(b) for b in bodies), sum(r[3] for r in replies))
         return RoundResult(traj, boot, shards, stats)
+
+    def run_shard(self, index: int, params, task, state) -> tuple:
+        """One shard, the `index`-th of its slot, from slot state `state` (None: sticky),
+        posted on its own; `(output, info, stats)` as `backends.run_shard` returns them."""
+        t0, job = time.time(), self.job
+        body = self._encoder(params).encode(wire.ShardRequest(job.spec, task.slot, task.key, None, state,
+                                                              job.run_id, job.seed, index))
+        t1 = time.time()
+        content, retries, url, size, seconds = self._call(
+            self._post(task.slot, body, f"{job.run_id}/{index}/{task.slot}"))
+        t2 = time.time()
+        d = wire.decode_response(content, False, self.templates)
+        if d.slot != task.slot:
+            raise BackendError(f"shard slot {task.slot}: the response is for slot {d.slot}")
+        info = ShardInfo(task.slot, d.timings, d.reset, retries, f"{url} {d.worker}", seconds)
+        return d.output, info, RoundStats(t1 - t0, time.time() - t2, t2 - t1, len(body), size)
 
     async def _shutdown(self):
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -565,7 +565,11 @@ class AsyncTrainer:
                   "dropped": len(dropped), "actors_active": self.balancer.active,
                   "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
                   "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
-                  "chunks": [[c.slot, c.index, c.version] for c in taken]}
+                  "chunks": [[c.slot, c.index, c.version] for c in taken],
+                  # per chunk: the worker's compute, and the wait for it (the backend's, else the actor's)
+                  "shard_compute_s": [c.info.timings.finished - c.info.timings.started for c in taken],
+                  "shard_roundtrip_s": [c.busy_s if c.info.roundtrip_s is None else c.info.roundtrip_s
+                                        for c in taken]}
         return Record(u, env_steps + len(taken) * steps, nan_to_none(metrics["return_mean"]),
                       {k: nan_to_none(metrics[k]) for k in loss_keys(metrics)}, len(chunks) * steps / dt,
                       (float(metrics["episode_return_sum"]),), (float(metrics["episodes"]),), len(taken),

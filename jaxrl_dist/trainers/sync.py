@@ -161,7 +161,9 @@ def _round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, 
               "shard_s_max": max(durations), "billed_s": float(sum(s.timings.billed for s in result.shards)),
               "dispatch_s": float(st.dispatch_s), "transfer_s": float(st.transfer_s),
               "wait_s": float(st.wait_s), "bytes_sent": int(st.bytes_sent),
-              "bytes_received": int(st.bytes_received)}
+              "bytes_received": int(st.bytes_received), "shard_compute_s": durations}
+    if all(s.roundtrip_s is not None for s in result.shards):  # a remote backend's, per shard
+        detail["shard_roundtrip_s"] = [s.roundtrip_s for s in result.shards]
     return Record(r, env_steps, nan_to_none(metrics["return_mean"]),
                   {k: nan_to_none(metrics[k]) for k in loss_keys(metrics)},
                   n * times["steps_per_shard"] / times["round"], (float(metrics["episode_return_sum"]),),

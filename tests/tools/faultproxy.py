@@ -21,9 +21,21 @@ delivered after a delay drawn from a normal(`--latency-ms`, `--jitter-ms`) clipp
 at 0; chunks stay pipelined (a chunk's delay starts when it arrives, not when the
 previous one left) and in order (none overtakes the one before it).
 
-`GET /proxy/stats` answers the counts and the faults injected so far as JSON (not
-relayed); on SIGTERM or SIGINT the same JSON is written to `--log` and the
-process exits. `FaultProxy` starts it as its own process and stops it by PID.
+Stragglers: a share `--straggler-share` of requests (the whole exchange of one
+shard try, both directions) is slower: every chunk of such a request waits
+`--straggler-factor` times its sampled delay, or, with `--straggler-alpha A > 0`,
+a heavy (Pareto) tail: `factor * (1 - u) ** (-1 / A)` times it, `u` uniform, so
+the factor is at least `--straggler-factor` and a few requests wait far longer.
+Which requests straggle, by how much, and every chunk's delay are a pure function
+of the seed, the shard's `round/slot` in `X-Shard` (its run id left out, as for the
+faults) and `X-Attempt` (a request without `X-Shard` draws from the seed's own
+stream), so runs with one seed meet the same delays whatever the order requests
+arrive in. At `--latency-ms 0` there is no delay to stretch.
+
+`GET /proxy/stats` answers the counts, the faults injected and the delays sampled
+so far (`delays_ms`: count, mean, p50, p99, max of every chunk's delay, and
+`stragglers`: requests slowed) as JSON (not relayed); on SIGTERM or SIGINT the
+same JSON is written to `--log` and the process exits. `FaultProxy` starts it as its own process and stops it by PID.
 """
 from __future__ import annotations
 
@@ -56,6 +68,9 @@ class Options(NamedTuple):
     latency_ms: float = 0.0
     jitter_ms: float = 0.0
     log: Optional[str] = None
+    straggler_share: float = 0.0  # of requests (shard tries) slowed ...
+    straggler_factor: float = 5.0  # ... their chunks' delays times this ...
+    straggler_alpha: float = 0.0  # ... times a Pareto(alpha) draw >= 1 when alpha > 0
 
 
 class Head(NamedTuple):
@@ -82,6 +97,32 @@ def fault_for(seed: int, round_: str, slot: str, share: float, faults: tuple) ->
     if u >= share:
         return None
     return faults[int.from_bytes(digest[8:12], "big") % len(faults)]
+
+
+def _uniforms(*parts) -> tuple:
+    """Two uniforms in [0, 1) from a hash of `parts`: the same in every run and process."""
+    digest = hashlib.sha256("/".join(str(p) for p in parts).encode()).digest()
+    return tuple(int.from_bytes(digest[i:i + 8], "big") / 2.0 ** 64 for i in (0, 8))
+
+
+def straggler_factor(seed: int, shard: str, attempt: str, share: float, factor: float,
+                     alpha: float = 0.0) -> float:
+    """How many times its sampled delays a request (try `attempt` of shard `round/slot`)
+    waits: 1, or for a `share` of requests `factor` (times a Pareto(`alpha`) draw when
+    `alpha` > 0)."""
+    u, v = _uniforms("straggler", seed, shard, attempt)
+    if u >= share:
+        return 1.0
+    return factor * (1.0 - v) ** (-1.0 / alpha) if alpha > 0 else factor
+
+
+def delay_stats(delays_ms: list) -> dict:
+    """count, mean, p50, p99 and max of the sampled delays (ms; None when there are none)."""
+    xs = sorted(delays_ms)
+    if not xs:
+        return {"count": 0, "mean": None, "p50": None, "p99": None, "max": None}
+    pick = lambda q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    return {"count": len(xs), "mean": sum(xs) / len(xs), "p50": pick(0.5), "p99": pick(0.99), "max": xs[-1]}
 
 
 def parse_head(raw: bytes) -> Head:
@@ -158,17 +199,53 @@ class DelayedWriter:
         self.writer.close()
 
 
+class Link:
+    """One client connection's delays: the current request's random stream and
+    straggler factor, set as each request's head arrives (HTTP/1.1 requests on a
+    connection come one after the other), used by both directions' writers."""
+
+    def __init__(self, proxy: "Proxy"):
+        self.proxy, self.rng, self.factor, self.counted = proxy, proxy.rng, 1.0, True
+
+    def begin(self, head: Head) -> None:
+        o, shard = self.proxy.opts, head.headers.get("x-shard")
+        # the proxy's own stats answer is delayed too, but not counted: its log then
+        # equals the last stats read
+        self.counted = head.line.split(" ")[1:2] != [STATS_PATH]
+        if not shard:
+            self.rng, self.factor = self.proxy.rng, 1.0
+            return
+        attempt = head.headers.get("x-attempt", "")
+        parts = shard.split("/")
+        shard = "/".join(parts[1:]) if len(parts) == 3 else shard  # round/slot: not the run's id
+        self.rng = random.Random(hashlib.sha256(f"{o.seed}/{shard}/{attempt}".encode()).digest())
+        self.factor = straggler_factor(o.seed, shard, attempt, o.straggler_share, o.straggler_factor,
+                                       o.straggler_alpha)
+        self.proxy.stats["stragglers"] += self.factor > 1.0
+
+    def sample(self) -> float:
+        o = self.proxy.opts
+        ms = max(0.0, self.rng.gauss(o.latency_ms, o.jitter_ms)) * self.factor
+        if self.counted:
+            self.proxy.delays_ms.append(ms)
+        return ms / 1000.0
+
+
 class Proxy:
     def __init__(self, opts: Options):
         self.opts = opts
         self.rng = random.Random(opts.seed)
         self.seen: set = set()
+        self.delays_ms: list = []  # every chunk's sampled delay
         self.stats = {"requests": 0, "first_attempts": 0, "retries": 0, "relayed": 0,
-                      "faults": {k: 0 for k in FAULTS}, "injected": []}
+                      "faults": {k: 0 for k in FAULTS}, "injected": [], "stragglers": 0}
 
-    def sample(self) -> float:
+    def report(self) -> dict:
+        """The stats with the delays' summary (`delays_ms`) and the link's settings."""
         o = self.opts
-        return max(0.0, self.rng.gauss(o.latency_ms, o.jitter_ms)) / 1000.0
+        link = {k: getattr(o, k) for k in ("latency_ms", "jitter_ms", "straggler_share",
+                                           "straggler_factor", "straggler_alpha", "seed")}
+        return {**self.stats, "delays_ms": delay_stats(self.delays_ms), "link": link}
 
     def classify(self, head: Head) -> Optional[str]:
         """Count the request; the fault its first attempt gets (None: relay it)."""
@@ -191,14 +268,16 @@ class Proxy:
         return fault
 
     async def handle(self, c_reader, c_writer) -> None:
-        sample = self.sample if self.opts.latency_ms or self.opts.jitter_ms else None
+        link = Link(self)
+        sample = link.sample if self.opts.latency_ms or self.opts.jitter_ms else None
         client = DelayedWriter(c_writer, sample)
         upstream = None
         try:
             while (head := await read_head(c_reader)) is not None:
                 body = await read_body(c_reader, head)
+                link.begin(head)
                 if head.line.split(" ")[1:2] == [STATS_PATH]:
-                    self._answer(client, 200, json.dumps(self.stats).encode(), "application/json")
+                    self._answer(client, 200, json.dumps(self.report()).encode(), "application/json")
                     await client.flush()
                     continue
                 fault = self.classify(head)
@@ -252,7 +331,7 @@ class Proxy:
     def write_log(self) -> None:
         if self.opts.log:
             tmp = Path(self.opts.log + ".tmp")
-            tmp.write_text(json.dumps(self.stats, indent=1))
+            tmp.write_text(json.dumps(self.report(), indent=1))
             tmp.replace(self.opts.log)
 
 
@@ -278,14 +357,23 @@ def parse_args(argv=None) -> Options:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--latency-ms", type=float, default=0.0)
     p.add_argument("--jitter-ms", type=float, default=0.0)
+    p.add_argument("--straggler-share", type=float, default=0.0,
+                   help="share of requests (shard tries) whose chunks wait longer")
+    p.add_argument("--straggler-factor", type=float, default=5.0,
+                   help="a straggler's delays times this (the least, with --straggler-alpha)")
+    p.add_argument("--straggler-alpha", type=float, default=0.0,
+                   help="> 0: a Pareto tail of this shape on top of --straggler-factor")
     p.add_argument("--log")
     a = p.parse_args(argv)
     host, _, port = a.upstream.rpartition(":")
     faults = tuple(f for f in a.faults.split(",") if f)
     if not host.startswith("127.") or any(f not in FAULTS for f in faults) or not 0 <= a.share <= 1:
         p.error("--upstream must be a 127.x.x.x address, --faults from delay,drop,500, --share in [0, 1]")
+    if not 0 <= a.straggler_share <= 1 or a.straggler_factor < 1 or a.straggler_alpha < 0:
+        p.error("--straggler-share in [0, 1], --straggler-factor >= 1, --straggler-alpha >= 0")
     return Options(a.port, (host, int(port)), a.share, faults, a.fault_delay_s, a.seed,
-                   a.latency_ms, a.jitter_ms, a.log)
+                   a.latency_ms, a.jitter_ms, a.log, a.straggler_share, a.straggler_factor,
+                   a.straggler_alpha)
 
 
 class FaultProxy:
