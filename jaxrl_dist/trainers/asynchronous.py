@@ -65,6 +65,7 @@ import numpy as np
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, capabilities, run_shard
 from jaxrl_dist.config import Config
 from jaxrl_dist.backends.shard import learn_key
+from jaxrl_dist.scheduling.balance import balance, ticket_allowed
 from jaxrl_dist.scheduling.cost import AsyncAccount
 from jaxrl_dist.trainers import interrupt
 from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
@@ -118,7 +119,7 @@ class Gate:
             heapq.heappush(self.free, ticket)
 
     def allowed(self, ticket: int) -> bool:
-        return ticket < (self.version + self.S + 1) * self.K + self.dropped
+        return ticket_allowed(ticket, self.version, self.S, self.K, self.dropped)
 
     def wait(self, ticket: int):
         """`(params, version)` once `ticket` may start; None when the run stops."""
@@ -141,40 +142,6 @@ class Gate:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-
-
-def balance(active: int, production: float, consumption: float, tolerance: float,
-            lo: int, hi: int, rates: Optional[dict] = None) -> int:
-    """Active actors for the next window: one fewer when production capacity
-    (chunks/s) exceeds consumption capacity by more than `tolerance`, one more
-    when it falls short by more, clipped to `lo..hi`.
-
-    `rates` (actors -> chunks/s the learner took while that many ran) guards
-    the step: capacities assume actors add production independently, which is
-    false where they share CPUs (or an interpreter) with each other and the
-    learner. A level measured slower than this one is not stepped to; a
-    level not yet measured is tried unless the level behind this one was
-    faster; when the capacities' way is closed the other way is tried, so the
-    count climbs to the fastest level measured.
-    """
-    if not (production > 0 and consumption > 0):
-        return active
-    ratio = production / consumption
-    step = -1 if ratio > 1.0 + tolerance else 1 if ratio < 1.0 - tolerance else 0
-    if step == 0 or not rates or active not in rates:
-        return min(hi, max(lo, active + step))
-    here = rates[active]
-
-    def worth(n: int, came_from: int) -> bool:
-        if not lo <= n <= hi:
-            return False
-        if n in rates:
-            return rates[n] > here
-        return not (came_from in rates and rates[came_from] > here)
-
-    if worth(active + step, active - step):
-        return active + step
-    return active - step if worth(active - step, active + step) else active
 
 
 class ActorPool:
