@@ -73,7 +73,7 @@ class Workload(NamedTuple):
     straggler_factor: float = 1.0  # a straggler's delays, times the sampled ones
     slowdown: float = 1.0  # injected compute stragglers (backend.slowdown) ...
     slow_every: int = 0  # ... one chunk in this many (0: none)
-    batched: bool = False  # sync: a round's shards run as one call, one job (the local backend)
+    batched: bool = False  # sync: a round's shards run as one vectorised call, one job (the local backend)
     updates: int = 120  # updates (rounds) simulated
     warmup: int = 4  # updates before the measured window (bench/async_vs_sync.py's)
 
@@ -88,6 +88,7 @@ class Machine(NamedTuple):
     update_cv: float = 0.02
     overhead_s: float = 0.0  # each request, not on the shared cores
     cores: Optional[float] = None  # cores actors and learner share; None: each its own
+    batch_scale: float = 1.0  # a batched call of n shards takes compute_s * (1 + batch_scale * (n - 1))
 
 
 class SimResult(NamedTuple):
@@ -252,7 +253,7 @@ class _Sim:
         with self.instances[slot % len(self.instances)].request() as req:
             yield req
             c0 = env.now
-            yield self._cpu(shards * m.compute_s * float(np.exp(m.compute_cv * z_c)))
+            yield self._cpu((1 + m.batch_scale * (shards - 1)) * m.compute_s * float(np.exp(m.compute_cv * z_c)))
             compute = env.now - c0
             if slowed(w, range(slot, slot + shards), index):
                 yield env.timeout((w.slowdown - 1.0) * compute)  # a slower machine: no CPU used here

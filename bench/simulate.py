@@ -1,0 +1,357 @@
+"""The discrete-event simulator (`jaxrl_dist.scheduling.simulate`) calibrated on
+measured runs, checked on held-out ones, then asked about remote actors at scale.
+
+Measured runs: `bench/results/async_remote.json` (sync and async over the HTTP
+backend behind loopback latency proxies; `--measured`), or, where there is none,
+the local-regime runs of `bench/results/async_vs_sync.json` (`--regime local`:
+CartPole on the local backend, actors as threads beside the learner).
+
+The split is fixed before any error is seen. Remote: calibrate on latency 0
+and 50 ms, hold out 10 and 20 ms (each with and without stragglers). Local:
+calibrate on the homogeneous setting, hold out the one with injected
+stragglers. Free parameters (`FIT`): a rollout's seconds alone on a core, the
+learner's seconds per chunk, a per-request overhead, and the cores actors and
+learner effectively share (2 on this machine, less where other work takes
+them; the CPU-contention factor). Calibration minimises the squared log error of
+throughput and of the measured medians (rollout, round trip, update) over the
+calibration points; every point's predicted env steps/s is then compared with
+the measured one (target: within 15% at every held-out point).
+
+Predictions for remote actors (each actor and the learner on a machine of its
+own: `Machine.cores=None`, the calibrated rollout, update and overhead) at
+1..64 actors, sync (n shards a round) against async (n actors, the same n
+chunks an update), at 20 +- 5 ms with and without stragglers.
+
+    python bench/simulate.py                      # the remote runs if measured, else the local regime
+    python bench/simulate.py --regime local --evals 120
+
+Writes `bench/results/simulate.{json,md,png}`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import fmt, machine_info, markdown_table, write_json  # noqa: E402
+
+from jaxrl_dist.scheduling.simulate import (Machine, Measured, Point, Workload, calibrate,  # noqa: E402
+                                            predict, relative_error)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REMOTE = RESULTS / "async_remote.json"
+LOCAL = RESULTS / "async_vs_sync.json"
+FIT = ("compute_s", "update_s_per_chunk", "overhead_s", "cores")
+# the local round trainer runs its shards as one vectorised call: what a shard adds to it is fitted too
+FIT_LOCAL = FIT + ("batch_scale",)
+START = Machine(compute_s=0.004, update_s_per_chunk=0.0025, update_s_fixed=3e-4, compute_cv=0.1, update_cv=0.05,
+                overhead_s=0.003, cores=2.0, batch_scale=0.5)
+CAL_LATENCY_MS = (0.0, 50.0)  # remote: calibration latencies; the others are held out
+ACTORS = (1, 2, 4, 8, 16, 32, 64)
+SCALE_LATENCY = (0.020, 0.005)  # seconds: mean and jitter per direction at scale
+TOLERANCE = 0.15
+PAPER = {"speedup_8_nodes": 7.13, "convergence": 4.37,
+         "source": "TianJi (AAAI 2025): up to 7.13x throughput on 8 nodes, 4.37x faster convergence, "
+                   "against its baselines (the paper's figures, not measured here)"}
+
+
+class Tagged(NamedTuple):
+    point: Point
+    split: str  # "calibration" | "held-out"
+
+
+# -- measured runs --------------------------------------------------------------
+
+def _num(row: dict, key: str, default=None):
+    v = row.get(key)
+    return default if v is None else v
+
+
+def _mean(rows: list, key: str):
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def remote_workload(row: dict, meta: dict) -> Workload:
+    """A run of `async_remote.json` as the simulator's workload (missing optional fields
+    take the bench's defaults)."""
+    sync = row["mode"] == "sync"
+    K = int(_num(row, "batch_chunks", 4))
+    actors = int(_num(row, "shards", _num(row, "actors_start", K)))
+    balance = bool(_num(row, "balance", meta.get("balance", False))) and not sync
+    instances = _num(row, "instances")
+    return Workload(mode=row["mode"], actors=actors, batch_chunks=K,
+                    max_staleness=0 if sync else int(_num(row, "max_staleness", 1)),
+                    steps_per_chunk=int(_num(row, "steps_per_chunk", 512)), balance=balance,
+                    max_actors=_num(row, "max_actors", meta.get("max_actors", instances)),
+                    instances=instances, latency_s=_num(row, "latency_ms", 0.0) / 1e3,
+                    jitter_s=_num(row, "jitter_ms", 0.0) / 1e3,
+                    straggler_share=_num(row, "straggler_share", 0.0),
+                    straggler_factor=_num(row, "straggler_factor", 1.0),
+                    updates=min(int(_num(row, "updates", 150)), 200))
+
+
+def measured_of(rows: list) -> Measured:
+    sps = _mean(rows, "env_steps_per_s")
+    if sps is None:
+        sps = _mean(rows, "sps")
+    return Measured(sps, _mean(rows, "chunk_compute_s_median"), _mean(rows, "chunk_roundtrip_s_median"),
+                    _mean(rows, "update_s_median"))
+
+
+def load_remote(path: Path) -> tuple:
+    """`(tagged points, meta)`: runs of one configuration (seeds) averaged into a point."""
+    data = json.loads(path.read_text())
+    meta, groups = data.get("meta", {}), {}
+    for row in data["runs"]:
+        if row.get("env_steps_per_s") is None:
+            continue
+        groups.setdefault(remote_workload(row, meta), []).append(row)
+    points = []
+    for work, rows in groups.items():
+        strag = f"stragglers {work.straggler_share:g}x{work.straggler_factor:g}" if work.straggler_share else "none"
+        name = (f"{work.mode} S{work.max_staleness} {1e3 * work.latency_s:g}ms {strag} "
+                f"{work.actors}a/{work.instances}i K{work.batch_chunks}")
+        split = "calibration" if 1e3 * work.latency_s in CAL_LATENCY_MS else "held-out"
+        points.append(Tagged(Point(name, work, measured_of(rows)), split))
+    return sorted(points, key=lambda t: (t.split, t.point.name)), meta
+
+
+LOCAL_MODES = {"sync": 0, "async_s1": 1, "async_s2": 2, "async_s4": 4}
+
+
+def load_local(path: Path, task: str = "cartpole") -> tuple:
+    """The local regime of `async_vs_sync.json`: 4 shards (chunks) of 512 steps, the
+    round trainer's shards as one batched call, the async balancer free in 1..8,
+    stragglers one slot in 4 three times slower. Calibration: homogeneous."""
+    data = json.loads(path.read_text())
+    points = []
+    for setting in ("homogeneous", "stragglers"):
+        for mode, S in LOCAL_MODES.items():
+            rows = data["runs"].get(f"{task}/{setting}/{mode}")
+            if not rows:
+                continue
+            sync = mode == "sync"
+            work = Workload(mode="sync" if sync else "async", actors=4, batch_chunks=4, max_staleness=S,
+                            steps_per_chunk=512, balance=not sync, max_actors=8, batched=sync,
+                            slowdown=3.0 if setting == "stragglers" else 1.0,
+                            slow_every=4 if setting == "stragglers" else 0,
+                            updates=int(statistics.median(r["updates"] for r in rows)))
+            m = Measured(statistics.fmean(r["sps"] for r in rows),
+                         update_s_median=statistics.fmean(r["learn_ms"] for r in rows) / 1e3)
+            split = "calibration" if setting == "homogeneous" else "held-out"
+            points.append(Tagged(Point(f"{task} {setting} {mode}", work, m), split))
+    return points, {"source": str(path.relative_to(RESULTS.parent.parent)), "task": task,
+                    "machine": data.get("machine", {})}
+
+
+# -- calibration, validation, prediction ------------------------------------------
+
+def start_machine(points: list) -> Machine:
+    """A first guess from the measured medians where there are any."""
+    m = START
+    computes = [t.point.measured.chunk_compute_s_median for t in points if t.point.measured.chunk_compute_s_median]
+    updates = [(t.point.measured.update_s_median, t.point.work.batch_chunks) for t in points
+               if t.point.measured.update_s_median]
+    if computes:
+        m = m._replace(compute_s=min(computes))
+    if updates:
+        m = m._replace(update_s_per_chunk=max(1e-5, min(u / k for u, k in updates)))
+    return m
+
+
+def score(points: list, machine: Machine, seeds) -> list:
+    """Every point's prediction and relative throughput error."""
+    out = []
+    for t in points:
+        pred = predict(t.point.work, machine, seeds)
+        meas = t.point.measured
+        out.append({"name": t.point.name, "split": t.split, "workload": t.point.work._asdict(),
+                    "measured": meas._asdict(), "predicted": pred._asdict(),
+                    "error": relative_error(pred.env_steps_per_s, meas.env_steps_per_s)})
+    return out
+
+
+def scale_workloads(n: int, stragglers: tuple, S: int) -> dict:
+    """Sync (n shards a round) and async (n actors, n chunks an update) at scale."""
+    lat, jit = SCALE_LATENCY
+    share, factor = stragglers
+    common = dict(actors=n, batch_chunks=n, steps_per_chunk=512, latency_s=lat, jitter_s=jit,
+                  straggler_share=share, straggler_factor=factor, updates=100)
+    return {"sync": Workload(mode="sync", max_staleness=0, **common),
+            "async": Workload(mode="async", max_staleness=S, **common)}
+
+
+def predictions(machine: Machine, stragglers: tuple, S: int, seeds) -> list:
+    remote = machine._replace(cores=None)  # every actor and the learner on a machine of its own
+    rows = []
+    for strag in ((0.0, 1.0), stragglers):
+        for n in ACTORS:
+            for mode, work in scale_workloads(n, strag, S).items():
+                pred = predict(work, remote, seeds)
+                rows.append({"actors": n, "mode": mode, "straggler_share": strag[0],
+                             "straggler_factor": strag[1], "max_staleness": work.max_staleness,
+                             **pred._asdict()})
+    return rows
+
+
+def speedups(rows: list) -> dict:
+    """async / sync env steps/s per (stragglers, actors)."""
+    by = {(r["straggler_share"], r["actors"], r["mode"]): r["env_steps_per_s"] for r in rows}
+    return {f"{'stragglers' if s else 'none'}/{n}": by[(s, n, "async")] / by[(s, n, "sync")]
+            for (s, n, mode) in by if mode == "sync"}
+
+
+# -- outputs ----------------------------------------------------------------------
+
+def plot(scored: list, rows: list, machine: Machine, path: Path, regime: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 4.8))
+    for strag, style in ((0.0, "--"), (max(r["straggler_share"] for r in rows), "-")):
+        label = "stragglers" if strag else "no stragglers"
+        for mode, color in (("sync", "tab:blue"), ("async", "tab:orange")):
+            pts = [(r["actors"], r["env_steps_per_s"]) for r in rows if r["mode"] == mode and
+                   r["straggler_share"] == strag]
+            a.plot(*zip(*pts), style, marker="o", color=color, label=f"{mode}, {label}")
+        sync = {r["actors"]: r["env_steps_per_s"] for r in rows if r["mode"] == "sync" and r["straggler_share"] == strag}
+        ratio = [(r["actors"], r["env_steps_per_s"] / sync[r["actors"]]) for r in rows
+                 if r["mode"] == "async" and r["straggler_share"] == strag]
+        b.plot(*zip(*ratio), style, marker="o", color="tab:green", label=f"predicted async/sync, {label}")
+    b.plot([8], [PAPER["speedup_8_nodes"]], "*", ms=16, color="tab:red",
+           label="paper (TianJi, AAAI 2025): up to 7.13x\nthroughput on 8 nodes vs its baselines")
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ACTORS, [str(n) for n in ACTORS])
+        ax.set_xlabel("remote actors (n chunks an update)")
+        ax.grid(alpha=0.3)
+    a.set_ylabel("predicted env steps/s")
+    a.set_title(f"remote actors, {1e3 * SCALE_LATENCY[0]:g} +- {1e3 * SCALE_LATENCY[1]:g} ms each way")
+    a.legend(fontsize=7)
+    b.set_ylabel("async / sync throughput")
+    b.set_title("predicted speed-up beside the paper's 8-node figure")
+    b.legend(fontsize=7)
+    parity(c, scored, regime)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parity(ax, scored: list, regime: str) -> None:
+    for split, marker in (("calibration", "o"), ("held-out", "^")):
+        pts = [(s["measured"]["env_steps_per_s"], s["predicted"]["env_steps_per_s"]) for s in scored
+               if s["split"] == split]
+        if pts:
+            ax.plot(*zip(*pts), marker, ls="", label=split)
+    top = max(max(s["measured"]["env_steps_per_s"], s["predicted"]["env_steps_per_s"]) for s in scored) * 1.1
+    xs = [0, top]
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, [x * (1 - TOLERANCE) for x in xs], [x * (1 + TOLERANCE) for x in xs], color="gray",
+                    alpha=0.2, label=f"+-{TOLERANCE:.0%}")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured env steps/s")
+    ax.set_ylabel("predicted env steps/s")
+    ax.set_title(f"measured runs ({regime}) on this machine")
+    ax.legend(fontsize=7)
+
+
+def markdown(result: dict) -> str:
+    fit = result["fit"]
+    lines = [f"Regime: {result['regime']} ({result['measured_from']}); calibrated on "
+             f"{result['split']['calibration']}, held out {result['split']['held-out']}.", "",
+             "Fitted: " + ", ".join(f"{k} = {fmt(v, 4)}" for k, v in fit["machine"].items() if k in fit["fitted"])
+             + f" (loss {fmt(fit['loss'])}, {fit['evaluations']} evaluations, {fmt(fit['seconds'])} s)", ""]
+    rows = [[s["name"], s["split"], fmt(s["measured"]["env_steps_per_s"]), fmt(s["predicted"]["env_steps_per_s"]),
+             f"{100 * s['error']:+.1f}%", fmt(s["measured"]["update_s_median"]),
+             fmt(s["predicted"]["update_s_median"]), fmt(s["predicted"]["staleness_mean"]),
+             s["predicted"]["dropped"], fmt(s["predicted"]["learner_idle"])] for s in result["points"]]
+    lines += [markdown_table(["point", "split", "measured steps/s", "predicted", "error", "update s (measured)",
+                              "update s (predicted)", "staleness mean", "dropped", "learner idle"], rows), ""]
+    held = [abs(s["error"]) for s in result["points"] if s["split"] == "held-out"]
+    lines += [f"Held-out: max |error| {100 * max(held):.1f}%, every point within {TOLERANCE:.0%}: "
+              f"{all(e <= TOLERANCE for e in held)}.", ""]
+    rows = [[r["actors"], r["mode"], "yes" if r["straggler_share"] else "no", fmt(r["env_steps_per_s"]),
+             fmt(r["updates_per_s"]), f"{fmt(r['staleness_mean'])} / {r['staleness_max']}", r["dropped"],
+             fmt(r["learner_idle"])] for r in result["predictions"] if r["actors"] in (8, 16, 64)]
+    lines += ["Predicted, remote actors:", "", markdown_table(
+        ["actors", "mode", "stragglers", "env steps/s", "updates/s", "staleness mean / max", "dropped",
+         "learner idle"], rows), ""]
+    lines += [f"- async/sync {k}: {v:.2f}x" for k, v in result["speedups"].items()]
+    lines += ["", f"Paper's figure (not measured here): {PAPER['source']}.", ""]
+    return "\n".join(lines)
+
+
+def scale_settings(points: list) -> tuple:
+    """`(straggler (share, factor), staleness)` for the predictions: the measured
+    runs' most common ones, else the bench's (10% of requests 5x slower, staleness 2)."""
+    strag = [(t.point.work.straggler_share, t.point.work.straggler_factor) for t in points
+             if t.point.work.straggler_share > 0]
+    stale = [t.point.work.max_staleness for t in points if t.point.work.mode == "async"]
+    pick = lambda xs, d: max(set(xs), key=xs.count) if xs else d  # noqa: E731
+    return pick(strag, (0.1, 5.0)), pick(stale, 2)
+
+
+def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
+    cal = [t.point for t in points if t.split == "calibration"]
+    if not cal or len(cal) == len(points):
+        raise SystemExit(f"simulate: need calibration and held-out points, got {len(cal)} of {len(points)}")
+    t0 = time.perf_counter()
+    fit = calibrate(cal, start_machine(points), FIT_LOCAL if regime == "local" else FIT, seeds, evals)
+    seconds = time.perf_counter() - t0
+    print(f"fitted in {seconds:.0f} s ({fit.evaluations} evaluations): {fit.machine}", flush=True)
+    scored = score(points, fit.machine, seeds)
+    for s in scored:
+        print(f"{s['split']:>11} {s['name']}: measured {fmt(s['measured']['env_steps_per_s'])}, "
+              f"predicted {fmt(s['predicted']['env_steps_per_s'])} ({100 * s['error']:+.1f}%)")
+    stragglers, S = scale_settings(points)
+    rows = predictions(fit.machine, stragglers, S, seeds)
+    splits = {k: sorted({t.point.name for t in points if t.split == k}) for k in ("calibration", "held-out")}
+    if regime == "remote":
+        splits = {"calibration": f"latency {CAL_LATENCY_MS} ms", "held-out": "the other latencies"}
+    else:
+        splits = {"calibration": "homogeneous", "held-out": "stragglers (slowdown 3, one slot in 4)"}
+    return {"regime": regime, "measured_from": source.get("source", ""), "source_meta": source,
+            "split": splits, "fit": {"machine": fit.machine._asdict(), "fitted": list(FIT_LOCAL if regime == "local" else FIT), "loss": fit.loss,
+                                     "evaluations": fit.evaluations, "seconds": seconds, "seeds": list(seeds)},
+            "points": scored, "scale": {"latency_s": SCALE_LATENCY, "stragglers": stragglers, "max_staleness": S},
+            "predictions": rows, "speedups": speedups(rows), "paper": PAPER, "tolerance": TOLERANCE}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--regime", choices=("auto", "remote", "local"), default="auto")
+    p.add_argument("--measured", default=None, help=f"default: {REMOTE.name} (remote) or {LOCAL.name} (local)")
+    p.add_argument("--evals", type=int, default=160, help="calibration's simulator evaluations at most")
+    p.add_argument("--seeds", type=int, default=2, help="simulated seeds a prediction averages")
+    p.add_argument("--out", default=str(RESULTS / "simulate"))
+    args = p.parse_args()
+    regime = args.regime if args.regime != "auto" else ("remote" if REMOTE.exists() else "local")
+    path = Path(args.measured) if args.measured else (REMOTE if regime == "remote" else LOCAL)
+    if not path.is_file():
+        raise SystemExit(f"simulate: --measured: no such file {path}")
+    if regime == "remote":
+        points, meta = load_remote(path)
+        source = {"source": str(path), "meta": meta}
+    else:
+        points, source = load_local(path)
+    result = run(points, source, regime, args.evals, tuple(range(args.seeds)))
+    result["machine"] = machine_info()
+    out = Path(args.out)
+    write_json(out.with_suffix(".json"), result)
+    out.with_suffix(".md").write_text(markdown(result))
+    plot(result["points"], result["predictions"], Machine(**result["fit"]["machine"]), out.with_suffix(".png"),
+         regime)
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
