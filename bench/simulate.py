@@ -55,6 +55,7 @@ CAL_LATENCY_MS = (0.0, 50.0)  # remote: calibration latencies; the others are he
 ACTORS = (1, 2, 4, 8, 16, 32, 64)
 SCALE_LATENCY = (0.020, 0.005)  # seconds: mean and jitter per direction at scale
 TOLERANCE = 0.15
+WARMUP = 4  # bench/async_vs_sync.py's WARMUP_UPDATES: throughput counts from the 4th update
 PAPER = {"speedup_8_nodes": 7.13, "convergence": 4.37,
          "source": "TianJi (AAAI 2025): up to 7.13x throughput on 8 nodes, 4.37x faster convergence, "
                    "against its baselines (the paper's figures, not measured here)"}
@@ -80,20 +81,21 @@ def _mean(rows: list, key: str):
 def remote_workload(row: dict, meta: dict) -> Workload:
     """A run of `async_remote.json` as the simulator's workload (missing optional fields
     take the bench's defaults)."""
-    sync = row["mode"] == "sync"
+    sync, args = row["mode"] == "sync", meta.get("args", {})
     K = int(_num(row, "batch_chunks", 4))
     actors = int(_num(row, "shards", _num(row, "actors_start", K)))
-    balance = bool(_num(row, "balance", meta.get("balance", False))) and not sync
+    balance = bool(_num(row, "balance", args.get("balance", True))) and not sync  # async.balance's default
     instances = _num(row, "instances")
     return Workload(mode=row["mode"], actors=actors, batch_chunks=K,
                     max_staleness=0 if sync else int(_num(row, "max_staleness", 1)),
                     steps_per_chunk=int(_num(row, "steps_per_chunk", 512)), balance=balance,
-                    max_actors=_num(row, "max_actors", meta.get("max_actors", instances)),
+                    max_actors=None if sync else _num(row, "max_actors", args.get("max_actors")),
                     instances=instances, latency_s=_num(row, "latency_ms", 0.0) / 1e3,
                     jitter_s=_num(row, "jitter_ms", 0.0) / 1e3,
                     straggler_share=_num(row, "straggler_share", 0.0),
                     straggler_factor=_num(row, "straggler_factor", 1.0),
-                    updates=min(int(_num(row, "updates", 150)), 200))
+                    straggler_alpha=_num(row, "straggler_alpha", args.get("straggler_alpha", 0.0)),
+                    updates=min(int(_num(row, "updates", 150)), 200), warmup=WARMUP)
 
 
 def measured_of(rows: list) -> Measured:
@@ -111,9 +113,11 @@ def load_remote(path: Path) -> tuple:
     for row in data["runs"]:
         if row.get("env_steps_per_s") is None:
             continue
-        groups.setdefault(remote_workload(row, meta), []).append(row)
+        groups.setdefault(remote_workload(row, meta)._replace(updates=0), []).append(row)
     points = []
     for work, rows in groups.items():
+        work = work._replace(updates=max(WARMUP + 2, min(200, int(statistics.median(
+            _num(r, "updates", 150) for r in rows)))))
         strag = f"stragglers {work.straggler_share:g}x{work.straggler_factor:g}" if work.straggler_share else "none"
         name = (f"{work.mode} S{work.max_staleness} {1e3 * work.latency_s:g}ms {strag} "
                 f"{work.actors}a/{work.instances}i K{work.batch_chunks}")
@@ -222,7 +226,8 @@ def plot(scored: list, rows: list, machine: Machine, path: Path, regime: str) ->
             pts = [(r["actors"], r["env_steps_per_s"]) for r in rows if r["mode"] == mode and
                    r["straggler_share"] == strag]
             a.plot(*zip(*pts), style, marker="o", color=color, label=f"{mode}, {label}")
-        sync = {r["actors"]: r["env_steps_per_s"] for r in rows if r["mode"] == "sync" and r["straggler_share"] == strag}
+        sync = {r["actors"]: r["env_steps_per_s"] for r in rows
+                if r["mode"] == "sync" and r["straggler_share"] == strag}
         ratio = [(r["actors"], r["env_steps_per_s"] / sync[r["actors"]]) for r in rows
                  if r["mode"] == "async" and r["straggler_share"] == strag]
         b.plot(*zip(*ratio), style, marker="o", color="tab:green", label=f"predicted async/sync, {label}")
@@ -270,6 +275,10 @@ def markdown(result: dict) -> str:
              f"{result['split']['calibration']}, held out {result['split']['held-out']}.", "",
              "Fitted: " + ", ".join(f"{k} = {fmt(v, 4)}" for k, v in fit["machine"].items() if k in fit["fitted"])
              + f" (loss {fmt(fit['loss'])}, {fit['evaluations']} evaluations, {fmt(fit['seconds'])} s)", ""]
+    truth = result["source_meta"].get("meta", {}).get("truth")
+    if truth:  # synthetic runs: the parameters they were made with
+        off = {k: 100 * (fit["machine"][k] / truth[k] - 1) for k in fit["fitted"]}
+        lines += ["Made with: " + ", ".join(f"{k} = {fmt(truth[k], 4)} (fitted {off[k]:+.1f}%)" for k in off), ""]
     rows = [[s["name"], s["split"], fmt(s["measured"]["env_steps_per_s"]), fmt(s["predicted"]["env_steps_per_s"]),
              f"{100 * s['error']:+.1f}%", fmt(s["measured"]["update_s_median"]),
              fmt(s["predicted"]["update_s_median"]), fmt(s["predicted"]["staleness_mean"]),
@@ -305,7 +314,8 @@ def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
     if not cal or len(cal) == len(points):
         raise SystemExit(f"simulate: need calibration and held-out points, got {len(cal)} of {len(points)}")
     t0 = time.perf_counter()
-    fit = calibrate(cal, start_machine(points), FIT_LOCAL if regime == "local" else FIT, seeds, evals)
+    fields = FIT_LOCAL if regime == "local" else FIT
+    fit = calibrate(cal, start_machine(points), fields, seeds, evals)
     seconds = time.perf_counter() - t0
     print(f"fitted in {seconds:.0f} s ({fit.evaluations} evaluations): {fit.machine}", flush=True)
     scored = score(points, fit.machine, seeds)
@@ -314,16 +324,44 @@ def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
               f"predicted {fmt(s['predicted']['env_steps_per_s'])} ({100 * s['error']:+.1f}%)")
     stragglers, S = scale_settings(points)
     rows = predictions(fit.machine, stragglers, S, seeds)
-    splits = {k: sorted({t.point.name for t in points if t.split == k}) for k in ("calibration", "held-out")}
     if regime == "remote":
         splits = {"calibration": f"latency {CAL_LATENCY_MS} ms", "held-out": "the other latencies"}
     else:
         splits = {"calibration": "homogeneous", "held-out": "stragglers (slowdown 3, one slot in 4)"}
     return {"regime": regime, "measured_from": source.get("source", ""), "source_meta": source,
-            "split": splits, "fit": {"machine": fit.machine._asdict(), "fitted": list(FIT_LOCAL if regime == "local" else FIT), "loss": fit.loss,
+            "split": splits, "fit": {"machine": fit.machine._asdict(), "fitted": list(fields), "loss": fit.loss,
                                      "evaluations": fit.evaluations, "seconds": seconds, "seeds": list(seeds)},
             "points": scored, "scale": {"latency_s": SCALE_LATENCY, "stragglers": stragglers, "max_staleness": S},
             "predictions": rows, "speedups": speedups(rows), "paper": PAPER, "tolerance": TOLERANCE}
+
+
+SYNTHETIC_TRUTH = Machine(compute_s=0.006, update_s_per_chunk=0.003, update_s_fixed=3e-4, compute_cv=0.1,
+                          update_cv=0.05, overhead_s=0.008, cores=1.7)
+
+
+def synthetic(path: Path, truth: Machine = SYNTHETIC_TRUTH) -> None:
+    """Runs in `async_remote.json`'s schema made by the simulator itself with `truth`
+    (the remote bench's settings, seeds the calibration never uses): calibrating on
+    them must find `truth` again."""
+    runs = []
+    for lat in (0.0, 10.0, 20.0, 50.0):
+        for share in ((0.0, 0.1) if lat else (0.0,)):
+            for mode in ("sync", "async"):
+                for seed in (101, 102):
+                    w = Workload(mode=mode, actors=4 if mode == "sync" else 8, batch_chunks=4,
+                                 max_staleness=0 if mode == "sync" else 2, balance=mode == "async", max_actors=16,
+                                 instances=4, latency_s=lat / 1e3, jitter_s=lat / 4e3, straggler_share=share,
+                                 straggler_factor=5.0, updates=80, warmup=WARMUP)
+                    r = predict(w, truth, (seed,))
+                    runs.append({"mode": mode, "max_staleness": w.max_staleness, "instances": 4,
+                                 "actors_start": w.actors, "actors_mean": r.actors_mean, "batch_chunks": 4,
+                                 "latency_ms": lat, "jitter_ms": lat / 4, "straggler_share": share,
+                                 "straggler_factor": 5.0 if share else 1.0, "seed": seed, "steps_per_chunk": 512,
+                                 "updates": w.updates, **{k: getattr(r, k) for k in (
+                                     "env_steps_per_s", "update_s_median", "chunk_compute_s_median",
+                                     "chunk_roundtrip_s_median", "staleness_max", "dropped")}})
+    write_json(path, {"meta": {"synthetic": True, "truth": truth._asdict(), "args": {"max_actors": 16}},
+                      "runs": runs})
 
 
 def main() -> None:
@@ -333,7 +371,13 @@ def main() -> None:
     p.add_argument("--evals", type=int, default=160, help="calibration's simulator evaluations at most")
     p.add_argument("--seeds", type=int, default=2, help="simulated seeds a prediction averages")
     p.add_argument("--out", default=str(RESULTS / "simulate"))
+    p.add_argument("--synthetic", action="store_true",
+                   help="calibrate on runs the simulator makes with known parameters (a self-check)")
     args = p.parse_args()
+    if args.synthetic:
+        args.measured = str(RESULTS / "simulate_synthetic_runs.json")
+        synthetic(Path(args.measured))
+        args.regime, args.out = "remote", str(RESULTS / "simulate_synthetic")
     regime = args.regime if args.regime != "auto" else ("remote" if REMOTE.exists() else "local")
     path = Path(args.measured) if args.measured else (REMOTE if regime == "remote" else LOCAL)
     if not path.is_file():

@@ -8,7 +8,10 @@ instance runs one shard at a time; slot `s` goes to instance `s % instances`),
 the rollout (`compute_s`, lognormal spread `compute_cv`), an injected slowdown
 (`slowdown`, one chunk in `slow_every`: `trainers.sync.straggle`'s rule, a wait
 that uses no CPU), and the trajectory's way back. A share `straggler_share` of
-requests are stragglers: both their delays are `straggler_factor` times longer.
+requests are stragglers: both their delays are `straggler_factor` times longer
+(times a Pareto(`straggler_alpha`) draw where that is positive): the latency
+proxy's model (`tests/tools/faultproxy.py`), which delays each direction's
+message once, whole.
 
 **Sync** (`trainers/sync.py`): each round sends `actors` shards at once, waits
 for the slowest and runs the update on all of them.
@@ -70,7 +73,8 @@ class Workload(NamedTuple):
     latency_s: float = 0.0  # each direction, mean
     jitter_s: float = 0.0  # each direction, normal std
     straggler_share: float = 0.0  # of requests
-    straggler_factor: float = 1.0  # a straggler's delays, times the sampled ones
+    straggler_factor: float = 1.0  # a straggler's delays, times the sampled ones ...
+    straggler_alpha: float = 0.0  # ... times a Pareto(alpha) draw >= 1 when alpha > 0 (a heavy tail)
     slowdown: float = 1.0  # injected compute stragglers (backend.slowdown) ...
     slow_every: int = 0  # ... one chunk in this many (0: none)
     batched: bool = False  # sync: a round's shards run as one vectorised call, one job (the local backend)
@@ -124,6 +128,8 @@ def check(work: Workload, machine: Machine) -> None:
         raise ValueError("max_staleness must be >= 0 and warmup in 0..updates-1")
     if not 0.0 <= work.straggler_share <= 1.0:
         raise ValueError(f"straggler_share must be in [0, 1], got {work.straggler_share}")
+    if work.straggler_factor < 1.0 or work.straggler_alpha < 0:
+        raise ValueError("straggler_factor must be >= 1 and straggler_alpha >= 0")
     if machine.cores is not None and not machine.cores > 0:
         raise ValueError(f"cores must be positive or None, got {machine.cores}")
     if min(machine.compute_s, machine.update_s_per_chunk, machine.update_s_fixed, machine.overhead_s) < 0:
@@ -193,7 +199,7 @@ class SharedCores:
 
 
 class Draws:
-    """Per-key streams of `[compute z, up z, down z, straggler u]` rows, one row per
+    """Per-key streams of `[compute z, up z, down z, straggler u, tail u]` rows, one row per
     chunk index, made in blocks (common random numbers across parameter sets)."""
 
     def __init__(self, seed: int):
@@ -203,8 +209,8 @@ class Draws:
         rows = self.rows.setdefault(key, [])
         while len(rows) * _BLOCK <= index:
             rng = np.random.default_rng([self.seed, key, len(rows)])
-            block = rng.standard_normal((_BLOCK, 4))
-            block[:, 3] = rng.random(_BLOCK)
+            block = rng.standard_normal((_BLOCK, 5))
+            block[:, 3:] = rng.random((_BLOCK, 2))
             rows.append(block)
         return rows[index // _BLOCK][index % _BLOCK]
 
@@ -235,19 +241,21 @@ class _Sim:
     def _cpu(self, work: float):
         return self.cpu.run(work) if self.cpu is not None else self.env.timeout(work)
 
-    def _delays(self, z_up: float, z_down: float, u: float) -> tuple:
+    def _delays(self, z_up: float, z_down: float, u: float, v: float) -> tuple:
         w = self.w
         up = max(0.0, w.latency_s + w.jitter_s * z_up)
         down = max(0.0, w.latency_s + w.jitter_s * z_down)
-        f = w.straggler_factor if u < w.straggler_share else 1.0
+        f = 1.0
+        if u < w.straggler_share:
+            f = w.straggler_factor * ((1.0 - v) ** (-1.0 / w.straggler_alpha) if w.straggler_alpha > 0 else 1.0)
         return up * f, down * f
 
     def request(self, slot: int, index: int, version: int, shards: int = 1):
         """One shard or chunk (or `shards` as one call), sent to answered (a simpy
         process); returns its `Chunk`."""
         env, m, w = self.env, self.m, self.w
-        z_c, z_up, z_down, u = self.draws.row(slot, index)
-        up, down = self._delays(z_up, z_down, u)
+        z_c, z_up, z_down, u, v = self.draws.row(slot, index)
+        up, down = self._delays(z_up, z_down, u, v)
         t0 = env.now
         yield env.timeout(m.overhead_s + up)
         with self.instances[slot % len(self.instances)].request() as req:
