@@ -66,6 +66,18 @@ def test_async_with_many_actors_runs_at_the_learners_rate():
     assert r.learner_idle < 1e-9 and r.staleness_max <= 2
 
 
+@pytest.mark.parametrize("cores", [None, 2.0])
+def test_async_at_staleness_zero_is_the_sync_round(cores):
+    """As in the trainers: with `K` actors and staleness 0 every version's `K` chunks
+    start together once it is published, so the pipeline is the round, draw for draw."""
+    w = Workload(mode="sync", actors=4, batch_chunks=4, latency_s=0.02, jitter_s=0.01, straggler_share=0.2,
+                 straggler_factor=5.0, updates=20)
+    m = Machine(compute_cv=0.3, update_cv=0.1, overhead_s=1e-3, cores=cores)
+    sync, asyn = simulate(w, m), simulate(w._replace(mode="async", max_staleness=0), m)
+    assert asyn.wall_s == pytest.approx(sync.wall_s, rel=1e-12)
+    assert asyn.env_steps_per_s == pytest.approx(sync.env_steps_per_s, rel=1e-12)
+
+
 @pytest.mark.parametrize("S", [0, 1, 4])
 def test_the_staleness_bound_caps_async_at_s_plus_one_versions_a_round_trip(S):
     """With a long round trip the gate, not the actors or the learner, sets the pace:
