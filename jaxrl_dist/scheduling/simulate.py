@@ -308,9 +308,14 @@ class _Sim:
         med = lambda xs: float(statistics.median(xs)) if xs else float("nan")  # noqa: E731
         return SimResult((c1 - c0) * w.steps_per_chunk / span, (len(rec) - w.warmup) / span,
                          float(np.mean(self.lags)) if self.lags else 0.0, int(max(self.lags, default=0)),
-                         self.dropped, max(0.0, 1.0 - busy / span), float(np.mean([r[2] for r in rec])),
+                         self.dropped, _share(1.0 - busy / span), float(np.mean([r[2] for r in rec])),
                          med([c.compute_s for c in self.chunks]), med([c.busy_s for c in self.chunks]),
                          med(self.updates_s), rec[-1][0])
+
+
+def _share(x: float) -> float:
+    """`x` clipped to [0, 1], float noise (a busy learner's 1e-16 idle) read as 0."""
+    return 0.0 if x < 1e-9 else min(1.0, x)
 
 
 class _Async:
