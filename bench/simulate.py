@@ -68,6 +68,14 @@ class Tagged(NamedTuple):
 
 # -- measured runs --------------------------------------------------------------
 
+def _shown(path: Path) -> str:
+    """`path` relative to the repository where it is inside it."""
+    try:
+        return str(path.resolve().relative_to(RESULTS.parent.parent))
+    except ValueError:
+        return str(path)
+
+
 def _num(row: dict, key: str, default=None):
     v = row.get(key)
     return default if v is None else v
@@ -150,7 +158,7 @@ def load_local(path: Path, task: str = "cartpole") -> tuple:
                          update_s_median=statistics.fmean(r["learn_ms"] for r in rows) / 1e3)
             split = "calibration" if setting == "homogeneous" else "held-out"
             points.append(Tagged(Point(f"{task} {setting} {mode}", work, m), split))
-    return points, {"source": str(path.relative_to(RESULTS.parent.parent)), "task": task,
+    return points, {"source": _shown(path), "task": task,
                     "machine": data.get("machine", {})}
 
 
@@ -213,7 +221,7 @@ def speedups(rows: list) -> dict:
 
 # -- outputs ----------------------------------------------------------------------
 
-def plot(scored: list, rows: list, machine: Machine, path: Path, regime: str) -> None:
+def plot(scored: list, rows: list, path: Path, label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -244,13 +252,13 @@ def plot(scored: list, rows: list, machine: Machine, path: Path, regime: str) ->
     b.set_ylabel("async / sync throughput")
     b.set_title("predicted speed-up beside the paper's 8-node figure")
     b.legend(fontsize=7)
-    parity(c, scored, regime)
+    parity(c, scored, label)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def parity(ax, scored: list, regime: str) -> None:
+def parity(ax, scored: list, label: str) -> None:
     for split, marker in (("calibration", "o"), ("held-out", "^")):
         pts = [(s["measured"]["env_steps_per_s"], s["predicted"]["env_steps_per_s"]) for s in scored
                if s["split"] == split]
@@ -265,7 +273,7 @@ def parity(ax, scored: list, regime: str) -> None:
     ax.set_ylim(0, top)
     ax.set_xlabel("measured env steps/s")
     ax.set_ylabel("predicted env steps/s")
-    ax.set_title(f"measured runs ({regime}) on this machine")
+    ax.set_title(label)
     ax.legend(fontsize=7)
 
 
@@ -289,11 +297,12 @@ def markdown(result: dict) -> str:
     lines += [f"Held-out: max |error| {100 * max(held):.1f}%, every point within {TOLERANCE:.0%}: "
               f"{all(e <= TOLERANCE for e in held)}.", ""]
     rows = [[r["actors"], r["mode"], "yes" if r["straggler_share"] else "no", fmt(r["env_steps_per_s"]),
-             fmt(r["updates_per_s"]), f"{fmt(r['staleness_mean'])} / {r['staleness_max']}", r["dropped"],
-             fmt(r["learner_idle"])] for r in result["predictions"] if r["actors"] in (8, 16, 64)]
-    lines += ["Predicted, remote actors:", "", markdown_table(
-        ["actors", "mode", "stragglers", "env steps/s", "updates/s", "staleness mean / max", "dropped",
-         "learner idle"], rows), ""]
+             fmt(r["learned_steps_per_s"]), fmt(r["updates_per_s"]),
+             f"{fmt(r['staleness_mean'])} / {r['staleness_max']}", r["dropped"], fmt(r["learner_idle"])]
+            for r in result["predictions"] if r["actors"] in (8, 16, 64)]
+    headers = ["actors", "mode", "stragglers", "env steps/s", "learned steps/s", "updates/s",
+               "staleness mean / max", "dropped", "learner idle"]
+    lines += ["Predicted, remote actors:", "", markdown_table(headers, rows), ""]
     lines += [f"- async/sync {k}: {v:.2f}x" for k, v in result["speedups"].items()]
     lines += ["", f"Paper's figure (not measured here): {PAPER['source']}.", ""]
     return "\n".join(lines)
@@ -384,7 +393,7 @@ def main() -> None:
         raise SystemExit(f"simulate: --measured: no such file {path}")
     if regime == "remote":
         points, meta = load_remote(path)
-        source = {"source": str(path), "meta": meta}
+        source = {"source": _shown(path), "meta": meta}
     else:
         points, source = load_local(path)
     result = run(points, source, regime, args.evals, tuple(range(args.seeds)))
@@ -392,8 +401,8 @@ def main() -> None:
     out = Path(args.out)
     write_json(out.with_suffix(".json"), result)
     out.with_suffix(".md").write_text(markdown(result))
-    plot(result["points"], result["predictions"], Machine(**result["fit"]["machine"]), out.with_suffix(".png"),
-         regime)
+    label = "runs the simulator made (synthetic)" if args.synthetic else f"measured runs ({regime}) on this machine"
+    plot(result["points"], result["predictions"], out.with_suffix(".png"), label)
     print(markdown(result))
 
 

@@ -96,7 +96,8 @@ class Machine(NamedTuple):
 
 
 class SimResult(NamedTuple):
-    env_steps_per_s: float
+    env_steps_per_s: float  # made and taken (learned or dropped), as the trainers count env steps
+    learned_steps_per_s: float  # learned from
     updates_per_s: float
     staleness_mean: float  # over learned chunks
     staleness_max: int
@@ -229,7 +230,7 @@ class _Sim:
         top = max(work.max_actors or work.actors, work.actors)
         n_inst = work.instances if work.instances is not None else max(top, work.actors)
         self.instances = [simpy.Resource(self.env, capacity=1) for _ in range(n_inst)]
-        self.records: list = []  # per update: (time, chunks taken so far, active actors)
+        self.records: list = []  # per update: (time, chunks taken so far, learned so far, active actors)
         self.busy: list = []  # learner compute intervals
         self.lags: list = []
         self.dropped = 0
@@ -290,7 +291,7 @@ class _Sim:
             yield self.env.process(self.learn(r, n))
             taken += n
             self.lags.extend([0] * n)
-            self.records.append((self.env.now, taken, n))
+            self.records.append((self.env.now, taken, taken, n))
 
     def run(self) -> SimResult:
         if self.w.mode == "sync":
@@ -302,13 +303,14 @@ class _Sim:
 
     def result(self) -> SimResult:
         w, rec = self.w, self.records
-        (t0, c0, _), (t1, c1, _) = rec[w.warmup - 1] if w.warmup else (0.0, 0, 0), rec[-1]
+        (t0, c0, l0, _), (t1, c1, l1, _) = rec[w.warmup - 1] if w.warmup else (0.0, 0, 0, 0), rec[-1]
         span = max(t1 - t0, 1e-12)
         busy = sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.busy)
         med = lambda xs: float(statistics.median(xs)) if xs else float("nan")  # noqa: E731
-        return SimResult((c1 - c0) * w.steps_per_chunk / span, (len(rec) - w.warmup) / span,
+        return SimResult((c1 - c0) * w.steps_per_chunk / span, (l1 - l0) * w.steps_per_chunk / span,
+                         (len(rec) - w.warmup) / span,
                          float(np.mean(self.lags)) if self.lags else 0.0, int(max(self.lags, default=0)),
-                         self.dropped, _share(1.0 - busy / span), float(np.mean([r[2] for r in rec])),
+                         self.dropped, _share(1.0 - busy / span), float(np.mean([r[3] for r in rec])),
                          med([c.compute_s for c in self.chunks]), med([c.busy_s for c in self.chunks]),
                          med(self.updates_s), rec[-1][0])
 
@@ -332,7 +334,7 @@ class _Async:
         self.queue = sim.simpy.Store(env)  # delivered chunks
         self.device = sim.simpy.Store(env)  # dispatched updates
         self.balancer = Balancer(w, w.actors, self.top, clock=lambda: env.now)
-        self.taken = 0
+        self.taken = self.learned = 0
         sim.done = env.event()
 
     def start(self) -> None:
@@ -429,7 +431,8 @@ class _Async:
         self.taken += len(fresh) + len(dropped)
         self.balancer.observe(fresh + dropped, len(fresh))
         self.balancer.note_update(s.updates_s[-1])
-        s.records.append((s.env.now, self.taken, self.balancer.active))
+        self.learned += len(fresh)
+        s.records.append((s.env.now, self.taken, self.learned, self.balancer.active))
         if w.balance and self.version % w.balance_every == 0:
             self.set_active(self.balancer.step())
 
