@@ -308,14 +308,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def scale_settings(points: list) -> tuple:
-    """`(straggler (share, factor), staleness)` for the predictions: the measured
-    runs' most common ones, else the bench's (10% of requests 5x slower, staleness 2)."""
+def scale_settings(points: list, regime: str) -> tuple:
+    """`(straggler (share, factor), staleness)` for the predictions: the remote runs'
+    most common ones, else the remote bench's defaults (10% of requests 5x slower,
+    staleness 2); the local runs' stragglers are slowed rollouts, not requests."""
     strag = [(t.point.work.straggler_share, t.point.work.straggler_factor) for t in points
              if t.point.work.straggler_share > 0]
     stale = [t.point.work.max_staleness for t in points if t.point.work.mode == "async"]
-    pick = lambda xs, d: max(set(xs), key=xs.count) if xs else d  # noqa: E731
-    return pick(strag, (0.1, 5.0)), pick(stale, 2)
+    if regime != "remote" or not strag or not stale:
+        return (0.1, 5.0), 2
+    return max(set(strag), key=strag.count), max(set(stale), key=stale.count)
 
 
 def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
@@ -331,7 +333,7 @@ def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
     for s in scored:
         print(f"{s['split']:>11} {s['name']}: measured {fmt(s['measured']['env_steps_per_s'])}, "
               f"predicted {fmt(s['predicted']['env_steps_per_s'])} ({100 * s['error']:+.1f}%)")
-    stragglers, S = scale_settings(points)
+    stragglers, S = scale_settings(points, regime)
     rows = predictions(fit.machine, stragglers, S, seeds)
     if regime == "remote":
         splits = {"calibration": f"latency {CAL_LATENCY_MS} ms", "held-out": "the other latencies"}
