@@ -154,3 +154,37 @@ def test_calibration_recovers_the_parameters_of_simulated_runs():
     assert fit.machine.overhead_s == pytest.approx(0.003, rel=0.1)
     assert fit.machine.cores == pytest.approx(1.6, rel=0.1)
     assert math.isfinite(fit.loss) and fit.evaluations <= 45
+
+
+def test_the_bench_reads_remote_runs_with_optional_fields_missing(tmp_path):
+    """`bench/simulate.py`'s loader: seeds of one setting make one point, a missing
+    optional figure is None (not an error), and the split follows the latency."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_simulate", bench / "simulate.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    base = {"mode": "async", "max_staleness": 2, "instances": 4, "actors_start": 8, "batch_chunks": 4,
+            "latency_ms": 20.0, "jitter_ms": 5.0, "straggler_share": 0.1, "straggler_factor": 5.0,
+            "steps_per_chunk": 512}
+    runs = [{**base, "seed": 0, "env_steps_per_s": 100.0, "chunk_compute_s_median": 0.01, "updates": 40},
+            {**base, "seed": 1, "env_steps_per_s": 120.0, "chunk_compute_s_median": None},
+            {**base, "mode": "sync", "max_staleness": 0, "latency_ms": 50.0, "seed": 0, "env_steps_per_s": 50.0}]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"meta": {"args": {"max_actors": 16}}, "runs": runs}))
+    points, _ = mod.load_remote(path)
+    by = {t.point.work.mode: t for t in points}
+    assert len(points) == 2 and by["async"].split == "held-out" and by["sync"].split == "calibration"
+    asyn = by["async"].point
+    assert asyn.measured.env_steps_per_s == 110.0 and asyn.measured.chunk_compute_s_median == 0.01
+    assert asyn.measured.chunk_roundtrip_s_median is None and asyn.measured.update_s_median is None
+    assert (asyn.work.balance, asyn.work.max_actors, asyn.work.instances, asyn.work.latency_s) == (True, 16, 4, 0.02)
+    assert by["sync"].point.work.max_staleness == 0 and not by["sync"].point.work.balance
