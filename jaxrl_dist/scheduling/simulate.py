@@ -14,7 +14,9 @@ proxy's model (`tests/tools/faultproxy.py`), which delays each direction's
 message once, whole.
 
 **Sync** (`trainers/sync.py`): each round sends `actors` shards at once, waits
-for the slowest and runs the update on all of them.
+for the slowest and runs the update on all of them. With `batched` (the local
+backend) the round's shards are one vectorised call, `compute_s * (1 +
+batch_scale * (actors - 1))` long.
 
 **Async** (`trainers/asynchronous.py`): each active actor runs chunks back to
 back under the trainer's staleness gate (`balance.ticket_allowed`: ticket `i`
