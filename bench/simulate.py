@@ -212,6 +212,23 @@ def predictions(machine: Machine, stragglers: tuple, S: int, seeds) -> list:
     return rows
 
 
+TAILS = ((0.1, 5.0, 0.0), (0.1, 10.0, 0.0), (0.1, 5.0, 1.5))  # share, factor, Pareto alpha (0: none)
+
+
+def sensitivity(machine: Machine, seeds, n: int = 8) -> list:
+    """Async/sync learned env steps/s at `n` remote actors for staleness bounds and
+    straggler tails: what the 8-node figure would take in this model."""
+    remote, rows = machine._replace(cores=None), []
+    for share, factor, alpha in TAILS:
+        for S in (1, 2, 4, 8):
+            work = scale_workloads(n, (share, factor), S)
+            sync, asyn = (predict(work[m]._replace(straggler_alpha=alpha), remote, seeds) for m in ("sync", "async"))
+            rows.append({"actors": n, "max_staleness": S, "straggler_share": share, "straggler_factor": factor,
+                         "straggler_alpha": alpha, "ratio_learned": asyn.learned_steps_per_s / sync.learned_steps_per_s,
+                         "ratio": asyn.env_steps_per_s / sync.env_steps_per_s})
+    return rows
+
+
 def speedups(rows: list, key: str = "env_steps_per_s") -> dict:
     """async / sync `key` per (stragglers, actors)."""
     by = {(r["straggler_share"], r["actors"], r["mode"]): r[key] for r in rows}
@@ -277,6 +294,14 @@ def parity(ax, scored: list, label: str) -> None:
     ax.legend(fontsize=7)
 
 
+def sensitivity_table(rows: list) -> str:
+    key = lambda r: (r["straggler_share"], r["straggler_factor"], r["straggler_alpha"])  # noqa: E731
+    by = {(*key(r), r["max_staleness"]): r["ratio_learned"] for r in rows}
+    table = [[f"{sh:g} x{f:g}" + (f" Pareto({a:g})" if a else "")] + [f"{by[(sh, f, a, S)]:.2f}x" for S in (1, 2, 4, 8)]
+             for sh, f, a in sorted({key(r) for r in rows})]
+    return markdown_table(["stragglers", "S=1", "S=2", "S=4", "S=8"], table)
+
+
 def markdown(result: dict) -> str:
     fit = result["fit"]
     lines = [f"Regime: {result['regime']} ({result['measured_from']}); calibrated on "
@@ -305,6 +330,8 @@ def markdown(result: dict) -> str:
     lines += ["Predicted, remote actors:", "", markdown_table(headers, rows), ""]
     learned = result["speedups_learned"]
     lines += [f"- async/sync {k}: {v:.2f}x (learned: {learned[k]:.2f}x)" for k, v in result["speedups"].items()]
+    lines += ["", "Async/sync learned env steps/s at 8 remote actors, by straggler tail and staleness bound:", "",
+              sensitivity_table(result["sensitivity"])]
     lines += ["", f"Paper's figure (not measured here): {PAPER['source']}.", ""]
     return "\n".join(lines)
 
@@ -345,6 +372,7 @@ def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
                                      "evaluations": fit.evaluations, "seconds": seconds, "seeds": list(seeds)},
             "points": scored, "scale": {"latency_s": SCALE_LATENCY, "stragglers": stragglers, "max_staleness": S},
             "predictions": rows, "speedups": speedups(rows), "speedups_learned": speedups(rows, "learned_steps_per_s"),
+            "sensitivity": sensitivity(fit.machine, seeds),
             "paper": PAPER, "tolerance": TOLERANCE}
 
 
