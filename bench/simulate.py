@@ -30,6 +30,7 @@ Writes `bench/results/simulate.{json,md,png}`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -428,6 +429,7 @@ def main() -> None:
         source = {"source": _shown(path), "meta": meta}
     else:
         points, source = load_local(path)
+    source["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # which measured file, wherever it lies
     result = run(points, source, regime, args.evals, tuple(range(args.seeds)))
     result["machine"] = machine_info()
     out = Path(args.out)
