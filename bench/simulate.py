@@ -47,11 +47,16 @@ from jaxrl_dist.scheduling.simulate import (Machine, Measured, Point, Workload, 
 RESULTS = Path(__file__).resolve().parent / "results"
 REMOTE = RESULTS / "async_remote.json"
 LOCAL = RESULTS / "async_vs_sync.json"
-FIT = ("compute_s", "update_s_per_chunk", "overhead_s", "cores")
+FIT = ("compute_s", "update_s_per_chunk", "overhead_s", "cores", "round_overhead_s", "chunk_overhead_s")
+# `--inputs measured`: each run's own measured rollout, update and round-trip medians are its
+# machine (they hold whatever load the shared machine carried then); only the learner side's
+# overheads outside them are fitted
+FIT_MEASURED = ("round_overhead_s", "chunk_overhead_s")
+FIT_SYNTHETIC = FIT[:4]  # the synthetic runs are made without learner-side overheads
 # the local round trainer runs its shards as one vectorised call: what a shard adds to it is fitted too
-FIT_LOCAL = FIT + ("batch_scale",)
+FIT_LOCAL = FIT[:4] + ("batch_scale",)
 START = Machine(compute_s=0.004, update_s_per_chunk=0.0025, update_s_fixed=3e-4, compute_cv=0.1, update_cv=0.05,
-                overhead_s=0.003, cores=2.0, batch_scale=0.5)
+                overhead_s=0.003, cores=2.0, batch_scale=0.5, round_overhead_s=0.003, chunk_overhead_s=0.003)
 CAL_LATENCY_MS = (0.0, 50.0)  # remote: calibration latencies; the others are held out
 ACTORS = (1, 2, 4, 8, 16, 32, 64)
 SCALE_LATENCY = (0.020, 0.005)  # seconds: mean and jitter per direction at scale
@@ -178,11 +183,41 @@ def start_machine(points: list) -> Machine:
     return m
 
 
-def score(points: list, machine: Machine, seeds) -> list:
+def own_machine(point: Point, machine: Machine, ref_update_s: float = None) -> Machine:
+    """`machine` with the run's own measured rollout and update medians, and the
+    request overhead its round-trip median leaves beside rollout and latency; its
+    cores left out (the medians were measured beside whatever shared the cores).
+    With `ref_update_s`, the learner process's overheads (`round_overhead_s`,
+    `chunk_overhead_s`: CPU work there too) stretch as the run's update did against it."""
+    meas, work, out = point.measured, point.work, machine._replace(cores=None)
+    if ref_update_s and meas.update_s_median:
+        slow = meas.update_s_median / ref_update_s
+        out = out._replace(round_overhead_s=machine.round_overhead_s * slow,
+                           chunk_overhead_s=machine.chunk_overhead_s * slow)
+    if meas.chunk_compute_s_median:
+        out = out._replace(compute_s=meas.chunk_compute_s_median)
+    if meas.chunk_roundtrip_s_median:
+        rest = meas.chunk_roundtrip_s_median - out.compute_s - 2 * work.latency_s
+        out = out._replace(overhead_s=max(0.0, rest))
+    if meas.update_s_median:
+        per_chunk = (meas.update_s_median - machine.update_s_fixed) / point.work.batch_chunks
+        out = out._replace(update_s_per_chunk=max(1e-6, per_chunk))
+    return out
+
+
+def least_loaded(points: list, machine: Machine) -> Machine:
+    """For predictions from per-run inputs: the smallest rollout and update medians
+    measured (the runs the shared machine slowed least)."""
+    own = [own_machine(t.point, machine) for t in points]
+    return machine._replace(compute_s=min(m.compute_s for m in own), overhead_s=min(m.overhead_s for m in own),
+                            update_s_per_chunk=min(m.update_s_per_chunk for m in own), cores=None)
+
+
+def score(points: list, machine: Machine, seeds, machine_for=None) -> list:
     """Every point's prediction and relative throughput error."""
     out = []
     for t in points:
-        pred = predict(t.point.work, machine, seeds)
+        pred = predict(t.point.work, machine_for(t.point, machine) if machine_for else machine, seeds)
         meas = t.point.measured
         out.append({"name": t.point.name, "split": t.split, "workload": t.point.work._asdict(),
                     "measured": meas._asdict(), "predicted": pred._asdict(),
@@ -303,10 +338,22 @@ def sensitivity_table(rows: list) -> str:
     return markdown_table(["stragglers", "S=1", "S=2", "S=4", "S=8"], table)
 
 
+def also_table(also: list, source: str) -> list:
+    rows = [[s["name"], fmt(s["measured"]["env_steps_per_s"]), fmt(s["predicted"]["env_steps_per_s"]),
+             f"{100 * s['error']:+.1f}%"] for s in also]
+    within = sum(abs(s["error"]) <= TOLERANCE for s in also)
+    return [f"A second measured set ({source}), every point held out:", "",
+            markdown_table(["point", "measured steps/s", "predicted", "error"], rows), "",
+            f"Second set: max |error| {100 * max(abs(s['error']) for s in also):.1f}%, within {TOLERANCE:.0%}: "
+            f"{within} of {len(also)}.", ""]
+
+
 def markdown(result: dict) -> str:
     fit = result["fit"]
     lines = [f"Regime: {result['regime']} ({result['measured_from']}); calibrated on "
-             f"{result['split']['calibration']}, held out {result['split']['held-out']}.", "",
+             f"{result['split']['calibration']}, held out {result['split']['held-out']}; inputs: "
+             + ("each run's measured rollout and update medians" if result.get("inputs") == "measured"
+                else "one fitted machine") + ".", "",
              "Fitted: " + ", ".join(f"{k} = {fmt(v, 4)}" for k, v in fit["machine"].items() if k in fit["fitted"])
              + f" (loss {fmt(fit['loss'])}, {fit['evaluations']} evaluations, {fmt(fit['seconds'])} s)", ""]
     truth = result["source_meta"].get("meta", {}).get("truth")
@@ -322,6 +369,8 @@ def markdown(result: dict) -> str:
     held = [abs(s["error"]) for s in result["points"] if s["split"] == "held-out"]
     lines += [f"Held-out: max |error| {100 * max(held):.1f}%, every point within {TOLERANCE:.0%}: "
               f"{all(e <= TOLERANCE for e in held)}.", ""]
+    if result.get("points_also"):
+        lines += also_table(result["points_also"], result["also_from"]["source"])
     rows = [[r["actors"], r["mode"], "yes" if r["straggler_share"] else "no", fmt(r["env_steps_per_s"]),
              fmt(r["learned_steps_per_s"]), fmt(r["updates_per_s"]),
              f"{fmt(r['staleness_mean'])} / {r['staleness_max']}", r["dropped"], fmt(r["learner_idle"])]
@@ -349,22 +398,26 @@ def scale_settings(points: list, regime: str) -> tuple:
     return max(set(strag), key=strag.count), max(set(stale), key=stale.count)
 
 
-def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
+def run(points: list, source: dict, regime: str, evals: int, seeds, inputs: str = "fitted", also=()) -> dict:
+    """Calibrate, score `points` and `also` (a second measured set, all held out), predict."""
     cal = [t.point for t in points if t.split == "calibration"]
     if not cal or len(cal) == len(points):
         raise SystemExit(f"simulate: need calibration and held-out points, got {len(cal)} of {len(points)}")
     t0 = time.perf_counter()
-    fields = FIT_LOCAL if regime == "local" else FIT
-    fit = calibrate(cal, start_machine(points), fields, seeds, evals)
+    fields = {"local": FIT_LOCAL, "synthetic": FIT_SYNTHETIC}.get(regime, FIT_MEASURED if inputs == "measured" else FIT)
+    ref = min((t.point.measured.update_s_median for t in points if t.point.measured.update_s_median), default=None)
+    each = (lambda p, m: own_machine(p, m, ref)) if inputs == "measured" else None
+    fit = calibrate(cal, start_machine(points), fields, seeds, evals, machine_for=each)
     seconds = time.perf_counter() - t0
     print(f"fitted in {seconds:.0f} s ({fit.evaluations} evaluations): {fit.machine}", flush=True)
-    scored = score(points, fit.machine, seeds)
+    scored = score(points, fit.machine, seeds, each)
+    machine = least_loaded(points, fit.machine) if inputs == "measured" else fit.machine
     for s in scored:
         print(f"{s['split']:>11} {s['name']}: measured {fmt(s['measured']['env_steps_per_s'])}, "
               f"predicted {fmt(s['predicted']['env_steps_per_s'])} ({100 * s['error']:+.1f}%)")
     stragglers, S = scale_settings(points, regime)
-    rows = predictions(fit.machine, stragglers, S, seeds)
-    if regime == "remote":
+    rows = predictions(machine, stragglers, S, seeds)
+    if regime in ("remote", "synthetic"):
         splits = {"calibration": f"latency {CAL_LATENCY_MS} ms", "held-out": "the other latencies"}
     else:
         splits = {"calibration": "homogeneous", "held-out": "stragglers (slowdown 3, one slot in 4)"}
@@ -373,8 +426,9 @@ def run(points: list, source: dict, regime: str, evals: int, seeds) -> dict:
                                      "evaluations": fit.evaluations, "seconds": seconds, "seeds": list(seeds)},
             "points": scored, "scale": {"latency_s": SCALE_LATENCY, "stragglers": stragglers, "max_staleness": S},
             "predictions": rows, "speedups": speedups(rows), "speedups_learned": speedups(rows, "learned_steps_per_s"),
-            "sensitivity": sensitivity(fit.machine, seeds),
-            "paper": PAPER, "tolerance": TOLERANCE}
+            "sensitivity": sensitivity(machine, seeds), "inputs": inputs, "scale_machine": machine._asdict(),
+            "paper": PAPER, "tolerance": TOLERANCE,
+            "points_also": score([t._replace(split="held-out") for t in also], fit.machine, seeds, each)}
 
 
 SYNTHETIC_TRUTH = Machine(compute_s=0.006, update_s_per_chunk=0.003, update_s_fixed=3e-4, compute_cv=0.1,
@@ -413,6 +467,9 @@ def main() -> None:
     p.add_argument("--evals", type=int, default=160, help="calibration's simulator evaluations at most")
     p.add_argument("--seeds", type=int, default=2, help="simulated seeds a prediction averages")
     p.add_argument("--out", default=str(RESULTS / "simulate"))
+    p.add_argument("--inputs", choices=("fitted", "measured"), default="measured",
+                   help="remote runs: one fitted machine for all, or each run's measured medians (default)")
+    p.add_argument("--also", default=None, help="a second file of remote runs, every point held out")
     p.add_argument("--synthetic", action="store_true",
                    help="calibrate on runs the simulator makes with known parameters (a self-check)")
     args = p.parse_args()
@@ -430,7 +487,13 @@ def main() -> None:
     else:
         points, source = load_local(path)
     source["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # which measured file, wherever it lies
-    result = run(points, source, regime, args.evals, tuple(range(args.seeds)))
+    inputs = args.inputs if regime == "remote" and not args.synthetic else "fitted"
+    also = load_remote(Path(args.also))[0] if args.also else ()
+    result = run(points, source, "synthetic" if args.synthetic else regime, args.evals, tuple(range(args.seeds)),
+                 inputs, also)
+    if args.also:
+        result["also_from"] = {"source": _shown(Path(args.also)),
+                               "sha256": hashlib.sha256(Path(args.also).read_bytes()).hexdigest()}
     result["machine"] = machine_info()
     out = Path(args.out)
     write_json(out.with_suffix(".json"), result)

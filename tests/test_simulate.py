@@ -58,6 +58,20 @@ def test_sync_round_waits_for_latency_and_overhead_both_ways():
     assert simulate(w, m).env_steps_per_s == pytest.approx(4 * 512 / period, rel=1e-9)
 
 
+def test_learner_side_overheads_by_hand():
+    """The round trainer's own work adds to every round; an async actor's own work per
+    chunk adds to its cycle but not to the request's round trip."""
+    m = EXACT._replace(overhead_s=0.002, round_overhead_s=0.005, chunk_overhead_s=0.003)
+    w = Workload(mode="sync", actors=4, latency_s=0.01, updates=20)
+    period = 0.002 + 2 * 0.01 + m.compute_s + 0.005 + update_seconds(m, 4)
+    assert simulate(w, m).env_steps_per_s == pytest.approx(4 * 512 / period, rel=1e-9)
+    one = Workload(mode="async", actors=1, batch_chunks=1, max_staleness=4, latency_s=0.01, updates=20)
+    r = simulate(one, m)
+    trip = 0.002 + 2 * 0.01 + m.compute_s
+    assert r.chunk_roundtrip_s_median == pytest.approx(trip, rel=1e-9)
+    assert r.env_steps_per_s == pytest.approx(512 / (trip + 0.003), rel=1e-9)  # one actor sets the pace
+
+
 def test_async_with_many_actors_runs_at_the_learners_rate():
     w = Workload(mode="async", actors=32, batch_chunks=4, max_staleness=2, latency_s=0.002, updates=80)
     r = simulate(w, EXACT)

@@ -95,6 +95,12 @@ class Machine(NamedTuple):
     overhead_s: float = 0.0  # each request, not on the shared cores
     cores: Optional[float] = None  # cores actors and learner share; None: each its own
     batch_scale: float = 1.0  # a batched call of n shards takes compute_s * (1 + batch_scale * (n - 1))
+    # the round trainer's own work each round besides the update (decode and stack the shards,
+    # the record and its log line); the async trainer does it on its bookkeeping thread
+    round_overhead_s: float = 0.0
+    # an async actor's own work per chunk outside the request (its keys, packing the params,
+    # decoding the answer); a round packs and decodes in its round_overhead_s
+    chunk_overhead_s: float = 0.0
 
 
 class SimResult(NamedTuple):
@@ -117,6 +123,7 @@ class Chunk(NamedTuple):
     index: int  # the slot's chunk count
     version: int  # params version it was made with
     busy_s: float  # dispatch to delivery (what the balancer measures)
+    roundtrip_s: float  # the request alone, sent to answered (what the HTTP backend measures)
     compute_s: float
 
 
@@ -135,7 +142,8 @@ def check(work: Workload, machine: Machine) -> None:
         raise ValueError("straggler_factor must be >= 1 and straggler_alpha >= 0")
     if machine.cores is not None and not machine.cores > 0:
         raise ValueError(f"cores must be positive or None, got {machine.cores}")
-    if min(machine.compute_s, machine.update_s_per_chunk, machine.update_s_fixed, machine.overhead_s) < 0:
+    if min(machine.compute_s, machine.update_s_per_chunk, machine.update_s_fixed, machine.overhead_s,
+           machine.round_overhead_s, machine.chunk_overhead_s) < 0:
         raise ValueError("machine seconds must be >= 0")
 
 
@@ -269,7 +277,10 @@ class _Sim:
             if slowed(w, range(slot, slot + shards), index):
                 yield env.timeout((w.slowdown - 1.0) * compute)  # a slower machine: no CPU used here
         yield env.timeout(down)
-        chunk = Chunk(slot, index, version, env.now - t0, compute)
+        trip = env.now - t0
+        if w.mode == "async":
+            yield env.timeout(m.chunk_overhead_s)
+        chunk = Chunk(slot, index, version, env.now - t0, trip, compute)
         self.chunks.append(chunk)
         return chunk
 
@@ -290,6 +301,7 @@ class _Sim:
                 yield self.env.process(self.request(0, r, r, n))
             else:
                 yield self.env.all_of([self.env.process(self.request(s, r, r)) for s in range(n)])
+            yield self.env.timeout(self.m.round_overhead_s)
             yield self.env.process(self.learn(r, n))
             taken += n
             self.lags.extend([0] * n)
@@ -313,7 +325,7 @@ class _Sim:
                          (len(rec) - w.warmup) / span,
                          float(np.mean(self.lags)) if self.lags else 0.0, int(max(self.lags, default=0)),
                          self.dropped, _share(1.0 - busy / span), float(np.mean([r[3] for r in rec])),
-                         med([c.compute_s for c in self.chunks]), med([c.busy_s for c in self.chunks]),
+                         med([c.compute_s for c in self.chunks]), med([c.roundtrip_s for c in self.chunks]),
                          med(self.updates_s), rec[-1][0])
 
 
@@ -484,11 +496,13 @@ def point_loss(pred: SimResult, meas: Measured) -> float:
     return loss
 
 
-def calibrate(points: list, base: Machine, fit: tuple, seeds=(0,), max_evals: int = 200) -> Fit:
+def calibrate(points: list, base: Machine, fit: tuple, seeds=(0,), max_evals: int = 200, machine_for=None) -> Fit:
     """The `Machine` whose fields `fit` (positive) minimise the mean `point_loss` over
     `points`, from `base`: Nelder-Mead on their logs (the simulator is piecewise
     constant in places, so no gradients), each evaluation simulating every point
-    with the same seeds (common random numbers make the loss deterministic)."""
+    with the same seeds (common random numbers make the loss deterministic).
+    `machine_for(point, machine)`: the machine a point runs on (default: `machine`),
+    for runs whose own measured component times stand in for fitted ones."""
     from scipy.optimize import minimize  # scipy comes with jax; loaded only here
 
     x0 = np.log([float(getattr(base, k)) for k in fit])
@@ -498,7 +512,8 @@ def calibrate(points: list, base: Machine, fit: tuple, seeds=(0,), max_evals: in
 
     def loss(x) -> float:
         m = machine_at(x)
-        return float(np.mean([point_loss(predict(p.work, m, seeds), p.measured) for p in points]))
+        each = machine_for or (lambda _, mach: mach)
+        return float(np.mean([point_loss(predict(p.work, each(p, m), seeds), p.measured) for p in points]))
 
     simplex = np.vstack([x0] + [x0 + 0.5 * e for e in np.eye(len(fit))])  # +65% steps: a wide first look
     res = minimize(loss, x0, method="Nelder-Mead",
