@@ -56,7 +56,8 @@ FIT_SYNTHETIC = FIT[:4]  # the synthetic runs are made without learner-side over
 # the local round trainer runs its shards as one vectorised call: what a shard adds to it is fitted too
 FIT_LOCAL = FIT[:4] + ("batch_scale",)
 START = Machine(compute_s=0.004, update_s_per_chunk=0.0025, update_s_fixed=3e-4, compute_cv=0.1, update_cv=0.05,
-                overhead_s=0.003, cores=2.0, batch_scale=0.5, round_overhead_s=0.003, chunk_overhead_s=0.003)
+                overhead_s=0.003, cores=2.0, batch_scale=0.5)
+FIRST_GUESS_S = 0.003  # a fitted overhead's start where the model's default is 0 (the fit works on logs)
 CAL_LATENCY_MS = (0.0, 50.0)  # remote: calibration latencies; the others are held out
 ACTORS = (1, 2, 4, 8, 16, 32, 64)
 SCALE_LATENCY = (0.020, 0.005)  # seconds: mean and jitter per direction at scale
@@ -407,7 +408,9 @@ def run(points: list, source: dict, regime: str, evals: int, seeds, inputs: str 
     fields = {"local": FIT_LOCAL, "synthetic": FIT_SYNTHETIC}.get(regime, FIT_MEASURED if inputs == "measured" else FIT)
     ref = min((t.point.measured.update_s_median for t in points if t.point.measured.update_s_median), default=None)
     each = (lambda p, m: own_machine(p, m, ref)) if inputs == "measured" else None
-    fit = calibrate(cal, start_machine(points), fields, seeds, evals, machine_for=each)
+    start = start_machine(points)
+    start = start._replace(**{k: FIRST_GUESS_S for k in fields if not getattr(start, k)})
+    fit = calibrate(cal, start, fields, seeds, evals, machine_for=each)
     seconds = time.perf_counter() - t0
     print(f"fitted in {seconds:.0f} s ({fit.evaluations} evaluations): {fit.machine}", flush=True)
     scored = score(points, fit.machine, seeds, each)
@@ -477,7 +480,8 @@ def main() -> None:
         args.measured = str(RESULTS / "simulate_synthetic_runs.json")
         synthetic(Path(args.measured))
         args.regime, args.out = "remote", str(RESULTS / "simulate_synthetic")
-    regime = args.regime if args.regime != "auto" else ("remote" if REMOTE.exists() else "local")
+    guess = Path(args.measured).name != LOCAL.name if args.measured else REMOTE.exists()
+    regime = args.regime if args.regime != "auto" else ("remote" if guess else "local")
     path = Path(args.measured) if args.measured else (REMOTE if regime == "remote" else LOCAL)
     if not path.is_file():
         raise SystemExit(f"simulate: --measured: no such file {path}")
