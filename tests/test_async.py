@@ -12,6 +12,7 @@ import pytest
 
 from jaxrl_dist.trainers import asynchronous
 from jaxrl_dist.scheduling import cost
+from jaxrl_dist.scheduling.balance import balance
 from jaxrl_dist.core import ppo
 from jaxrl_dist.config import ConfigError, CostConfig, from_dict
 from jaxrl_dist.trainers.runner import train
@@ -136,7 +137,7 @@ def test_vtrace_by_hand_and_on_policy_it_is_gae():
 
 
 def test_balance_starts_and_stops_one_actor_at_a_time():
-    b = asynchronous.balance
+    b = balance
     assert b(4, 10.0, 5.0, 0.2, 1, 8) == 3  # producing twice what is consumed: one fewer
     assert b(4, 5.0, 10.0, 0.2, 1, 8) == 5  # half: one more
     assert b(4, 11.0, 10.0, 0.2, 1, 8) == 4  # within tolerance
@@ -165,7 +166,7 @@ def test_actors_at_the_start_default_to_one_a_core_on_the_local_backend():
 def test_balance_does_not_step_to_a_level_measured_slower():
     """Actors sharing CPUs: more of them can make less. Learned chunks/s measured
     per actor count steer the step the capacities ask for."""
-    b = asynchronous.balance
+    b = balance
     short = (5.0, 10.0, 0.2, 1, 8)  # production short of consumption: the capacities ask for one more
     assert b(4, *short, {4: 100.0}) == 5  # 5 not measured yet: try it
     assert b(5, *short, {4: 100.0, 5: 80.0}) == 4  # 5 was slower than 4: back, not on to 6
