@@ -5,6 +5,7 @@ Shapes are time-major: `[T, B]` for per-step values.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -239,27 +240,10 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
             updates, new_opt = state.tx.update(grads, opt_state, flat)
             return flat + updates, new_opt, metrics
 
-        if opts.minibatch_size and not opts.unroll:
-            flat, opt_state, metrics = _active_loop(sgd_step, flat, state.opt_state, idx, active)
-            state = state.replace(params=unravel(flat), opt_state=opt_state, step=state.step + active.sum())
-            return state, metrics
-
-        def minibatch_step(carry, xs):
-            mb_idx, on = xs
-            new_flat, new_opt, metrics = sgd_step(*carry, mb_idx)
-            if not opts.minibatch_size:  # every step runs: no selects on the hot path
-                return (new_flat, new_opt), metrics
-            # a skipped step keeps the optimiser's count too, so LR decay follows real steps
-            keep = lambda new, old: jnp.where(on, new, old)
-            return (keep(new_flat, carry[0]), jax.tree.map(keep, new_opt, carry[1])), metrics
-
-        (flat, opt_state), metrics = jax.lax.scan(
-            minibatch_step, (flat, state.opt_state), (idx, active), unroll=True if opts.unroll else 1)
+        loop = _active_loop if opts.minibatch_size and not opts.unroll else partial(_scan_loop, opts=opts)
+        flat, opt_state, metrics = loop(sgd_step, flat, state.opt_state, idx, active)
         state = state.replace(params=unravel(flat), opt_state=opt_state, step=state.step + active.sum())
-        if not opts.minibatch_size:
-            return state, jax.tree.map(jnp.mean, metrics)
-        w = active.astype(jnp.float32)
-        return state, jax.tree.map(lambda m: (m * w).sum() / jnp.maximum(w.sum(), 1.0), metrics)
+        return state, metrics
 
     return update
 
@@ -281,3 +265,25 @@ def _active_loop(sgd_step, flat, opt_state, idx, active):
 
     flat, opt_state, sums = jax.lax.fori_loop(0, count, body, (flat, opt_state, zeros))
     return flat, opt_state, jax.tree.map(lambda m: m / jnp.maximum(count, 1).astype(m.dtype), sums)
+
+
+def _scan_loop(sgd_step, flat, opt_state, idx, active, opts: PPOOptions):
+    """Every planned minibatch step in a scan (unrolled where `opts.unroll`): `(flat,
+    opt_state, mean metrics)`; under `opts.minibatch_size` the inactive ones are
+    computed and dropped."""
+
+    def minibatch_step(carry, xs):
+        mb_idx, on = xs
+        new_flat, new_opt, metrics = sgd_step(*carry, mb_idx)
+        if not opts.minibatch_size:  # every step runs: no selects on the hot path
+            return (new_flat, new_opt), metrics
+        # a skipped step keeps the optimiser's count too, so LR decay follows real steps
+        keep = lambda new, old: jnp.where(on, new, old)  # noqa: E731
+        return (keep(new_flat, carry[0]), jax.tree.map(keep, new_opt, carry[1])), metrics
+
+    (flat, opt_state), metrics = jax.lax.scan(
+        minibatch_step, (flat, opt_state), (idx, active), unroll=True if opts.unroll else 1)
+    if not opts.minibatch_size:
+        return flat, opt_state, jax.tree.map(jnp.mean, metrics)
+    w = active.astype(jnp.float32)
+    return flat, opt_state, jax.tree.map(lambda m: (m * w).sum() / jnp.maximum(w.sum(), 1.0), metrics)
