@@ -9,7 +9,8 @@ result is the first stage whose score reaches the scratch score, as a
 fraction of the scratch training's updates and wall seconds. Stage 0 is the
 other task's scheduler unchanged (zero-shot, on this task's return scale).
 
-    python bench/scheduler_finetune.py env=acrobot --updates 60 --stages 0,2,4,6
+    python bench/scheduler_finetune.py env.id=Catch-bsuite run.target_return=0.8 \
+        scheduler.min_return=-1 scheduler.max_return=1 scheduler.max_shards=16 --updates 40 --stages 0,2,4
 
 Writes `bench/results/scheduler_finetune.json`.
 """
@@ -35,9 +36,10 @@ def make_env(overrides: list, opts, episodes: int) -> mdp.SchedulingEnv:
     return mdp.SchedulingEnv(cfg, cfg.cost, sched, episodes)
 
 
-def timed_training(env, updates: int, seed: int, init=None) -> tuple:
+def timed_training(env, updates: int, seed: int, recipe, init=None) -> tuple:
     t0 = time.perf_counter()
-    trained = scheduler_training.train_scheduler(env, 16, updates, seed, init, log=lambda s: None)
+    trained = scheduler_training.train_scheduler(env, 16, updates, seed, init, log=lambda s: None,
+                                                 recipe=recipe)
     return trained, time.perf_counter() - t0
 
 
@@ -49,7 +51,10 @@ def score(trained, env, seed: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("overrides", nargs="*", help="the task's config overrides (env=..., scheduler.max_shards=...)")
-    p.add_argument("--init-from", default=str(learned.preset_path("CartPole-v1")))
+    p.add_argument("--init-from", default=str(learned.preset_path(learned.DEFAULT)),
+                   help="the scheduler to fine-tune (default: the shipped generalist)")
+    p.add_argument("--epochs", type=int, default=10, help="the scheduler's PPO epochs (both trainings)")
+    p.add_argument("--lr", type=float, default=1e-3, help="the scheduler's learning rate (both trainings)")
     p.add_argument("--updates", type=int, default=60, help="scratch training's PPO updates")
     p.add_argument("--stages", default="0,2,4,6", help="fine-tuning updates after which to score")
     p.add_argument("--episodes", type=int, default=8)
@@ -62,14 +67,15 @@ def main() -> None:
     configure_cpu()
     env = make_env(opts.overrides, opts, opts.episodes)
     evaluation = make_env(opts.overrides, opts, opts.eval_episodes)  # one for every score
-    scratch, scratch_s = timed_training(env, opts.updates, 0)
+    recipe = scheduler_training.Recipe(epochs=opts.epochs, lr=opts.lr)
+    scratch, scratch_s = timed_training(env, opts.updates, 0, recipe)
     target = score(scratch, evaluation, opts.eval_seed)
     print(f"scratch: {opts.updates} updates in {scratch_s:.0f} s, score {target['return_mean']:.2f} "
           f"(reached {target['reached']:.2f}, mean n {target['mean_n']:.1f})", flush=True)
     tuned, done, spent, stages = learned.load(opts.init_from), 0, 0.0, []
     for k in (int(x) for x in opts.stages.split(",")):
         if k > done:
-            tuned, secs = timed_training(env, k - done, 1, tuned)
+            tuned, secs = timed_training(env, k - done, 1, recipe, tuned)
             done, spent = k, spent + secs
         s = score(tuned, evaluation, opts.eval_seed)
         stages.append({"updates": k, "train_s": spent, **s})

@@ -28,15 +28,20 @@ from jaxrl_dist.scheduling import learned, mdp, profile  # noqa: E402
 from jaxrl_dist.core.networks import make_network  # noqa: E402
 
 
-def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: bool) -> mdp.SchedulingEnv:
-    """The MDP the scheduler was trained on; `limits`: its episodes draw budgets and
-    deadlines as `SchedOptions`' defaults do (else none, the MDP before limits)."""
+def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: bool,
+             task: str | None = None) -> mdp.SchedulingEnv:
+    """The MDP the scheduler was trained on for `task` (default: its first task), or,
+    for a task outside its set, that task's MDP (`overrides` give its config) on the
+    scale a live run would use; `limits`: its episodes draw budgets and deadlines as
+    `SchedOptions`' defaults do (else none, the MDP before limits)."""
     m = trained.meta
+    env_id = task or m["env_id"]
+    entry = learned.task_entry(trained, env_id)
+    base = [f"env.id={env_id}", f"scheduler.max_shards={m['max_shards']}", "backend=local"]
+    full = load_config(base + ([f"run.target_return={entry['target_return']}"] if entry else []) + overrides)
     cfg, opts = scheduler_training.task_and_options(
-        load_config([f"env.id={m['env_id']}", f"run.target_return={m['target_return']}",
-                     f"scheduler.max_shards={m['max_shards']}", "backend=local"] + overrides),
-        m["max_rounds"], m["time_weight"], m["target_bonus"], profile.Profile(**m["profile"]),
-        mdp.Scale(**m["scale"]))
+        full, (entry or m)["max_rounds"], m["time_weight"], m["target_bonus"],
+        profile.Profile(**entry["profile"]) if entry else None, learned.scale_for(trained, full))
     if not limits:
         opts = opts._replace(budgets=(0.0, 0.0), deadlines=(0.0, 0.0))
     return mdp.SchedulingEnv(cfg, cfg.cost, opts, episodes)
@@ -91,6 +96,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("scheduler", help="a trained scheduler file")
     p.add_argument("overrides", nargs="*", help="the task's config overrides it was trained with")
+    p.add_argument("--task", help="the env id to play (default: the scheduler's first task); one "
+                   "outside its set plays zero-shot, on that task's config from the overrides")
     p.add_argument("--episodes", type=int, default=16)
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--learned-only", action="store_true",
@@ -100,7 +107,7 @@ def main() -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_mdp.json"))
     opts = p.parse_args()
     trained = learned.load(opts.scheduler)
-    env = make_env(trained, opts.overrides, opts.episodes, opts.limits)
+    env = make_env(trained, opts.overrides, opts.episodes, opts.limits, opts.task)
     M = env.opts.max_shards
     policies = {"learned": greedy(trained, env)}
     for n in sorted({1, 2, max(1, M // 2), M}) if not opts.learned_only else ():
@@ -111,7 +118,7 @@ def main() -> None:
         r = rows[name]
         print(f"{name:10s} return {r['return_mean']:8.2f} +- {r['return_std']:.2f}  reached "
               f"{r['reached']:.2f}  limited {r['limited']:.2f}  rounds {r['rounds']:.1f}  mean n {r['mean_n']:.2f}", flush=True)
-    write_json(opts.out, {"meta": machine_info(), "scheduler": opts.scheduler,
+    write_json(opts.out, {"meta": machine_info(), "scheduler": opts.scheduler, "task": env.task_cfg.env.id,
                           "trained": trained.meta, "episodes": opts.episodes, "limits": opts.limits,
                           "rows": rows})
 

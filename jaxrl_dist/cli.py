@@ -268,6 +268,11 @@ def _scheduler_parser(sub) -> None:
                        help="reward weight of modeled time against dollars (0..1)")
     train.add_argument("--target-bonus", type=float, default=10.0)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--task", action="append", default=[], metavar="'KEY=VALUE ...'",
+                       help="one task of a scheduler trained over several (repeat it): its own "
+                       "overrides, after the common ones; updates go to each task in turn")
+    train.add_argument("--epochs", type=int, default=4, help="the scheduler's PPO epochs per update")
+    train.add_argument("--lr", type=float, default=3e-4, help="the scheduler's learning rate")
     train.add_argument("--profile", metavar="PATH",
                        help="latency profile (jaxrl-dist calibrate); default: the one shipped for "
                        "env.id, else profile.Profile()'s defaults")
@@ -331,30 +336,40 @@ def _report(args) -> int:
 
 
 def _scheduler_train(args) -> int:
-    """`jaxrl-dist scheduler train`: the task's config from the overrides, then PPO."""
+    """`jaxrl-dist scheduler train`: each task's config from the overrides, then PPO."""
     from jaxrl_dist.scheduling import learned
     from jaxrl_dist import scheduler_training
     from jaxrl_dist.scheduling import mdp
-    from jaxrl_dist.scheduling import profile
+
+    tasks = [_scheduler_task(args, t.split()) for t in args.task or [""]]
+    _prepare_jax()
+    envs = [mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes) for cfg, opts in tasks]
+    init_from = args.init_from or tasks[0][0].scheduler.init_from
+    if init_from and not Path(init_from).is_file():
+        raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
+    init = learned.load(init_from) if init_from else None
+    recipe = scheduler_training.Recipe(epochs=args.epochs, lr=args.lr)
+    trained = scheduler_training.train_scheduler(envs, args.rollout, args.updates, args.seed, init,
+                                                 recipe=recipe)
+    print(f"wrote {learned.save(trained, args.out)}")
+    return 0
+
+
+def _scheduler_task(args, extra: list) -> tuple:
+    """`(task config, SchedOptions)` of one task: the common overrides, then its own."""
+    from jaxrl_dist import scheduler_training
     from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.scheduling import profile
 
     try:
         cfg, opts = scheduler_training.task_and_options(
-            load_config(list(args.overrides) + ["backend=local"]), args.max_rounds, args.time_weight,
+            load_config(list(args.overrides) + extra + ["backend=local"]), args.max_rounds, args.time_weight,
             args.target_bonus, args.profile)
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + one_line(err)) from err
-    print(f"profile: {profile.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
-    _prepare_jax()
-    env = mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes)
-    init_from = args.init_from or cfg.scheduler.init_from
-    if init_from and not Path(init_from).is_file():
-        raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
-    init = learned.load(init_from) if init_from else None
-    trained = scheduler_training.train_scheduler(env, args.rollout, args.updates, args.seed, init)
-    print(f"wrote {learned.save(trained, args.out)}")
-    return 0
+    print(f"{cfg.env.id}: profile {profile.profile_file(cfg.env.id, args.profile) or 'Profile() defaults'}")
+    return cfg, opts
 
 
 def _calibrate(args) -> int:

@@ -179,7 +179,7 @@ class SchedulerConfig:
     window: int = 5  # adapt: rounds (with a return) averaged
     step: int = 1  # ramp: shards added ...
     every: int = 2  # ramp: ... every this many rounds
-    path: Optional[str] = None  # learned: a trained scheduler file; null: the preset for env.id
+    path: Optional[str] = None  # learned: a trained scheduler file; null: the shipped default
     init_from: Optional[str] = None  # `scheduler train`: a scheduler file to fine-tune from
     options: dict = field(default_factory=dict)  # a plugin scheduler's options
 

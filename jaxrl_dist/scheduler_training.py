@@ -3,13 +3,14 @@ trained (or fine-tuned) with the fused trainer's PPO (`jaxrl-dist scheduler trai
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig
+from jaxrl_dist.scheduling import learned
 from jaxrl_dist.scheduling.learned import Trained
 from jaxrl_dist.scheduling.mdp import FEATURES, Scale, SchedOptions, SchedulingEnv
 from jaxrl_dist.scheduling.profile import Profile, load_profile, profile_file
@@ -40,44 +41,83 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
 
 
 def scheduler_config(env: SchedulingEnv, num_envs: int, num_steps: int, updates: int,
-                     hidden=(64, 64), lr: float = 3e-4):
+                     hidden=(64, 64), recipe: Optional["Recipe"] = None):
     """The core PPO's config for training the scheduler on `env`."""
+    r = recipe or Recipe()
     return Config(env=EnvConfig(id=env.spec.env_id, num_envs=num_envs),
                   algo=AlgoConfig(total_timesteps=num_envs * num_steps * updates, num_steps=num_steps,
-                                  update_epochs=4, num_minibatches=2, lr=lr, ent_coef=0.01,
-                                  hidden_sizes=tuple(hidden)))
+                                  update_epochs=r.epochs, num_minibatches=r.minibatches, lr=r.lr,
+                                  ent_coef=r.ent_coef, hidden_sizes=tuple(hidden)))
 
 
-def train_scheduler(env: SchedulingEnv, num_steps: int, updates: int, seed: int = 0,
-                    init_from=None, chunk: int = 1, log=print) -> Trained:
-    """Train (or fine-tune, from a `Trained`) the scheduler policy with `fused`'s PPO."""
-    M = init_from.meta["max_shards"] if init_from is not None else env.opts.max_shards
-    if M != env.opts.max_shards:  # the policy head has one logit per n: checked before compiling
-        raise ConfigError(f"scheduler.init_from: that scheduler chooses from 1..{M} shards; "
-                          f"set scheduler.max_shards={M} to fine-tune it")
-    cfg = scheduler_config(env, env.num_envs, num_steps, updates)
-    setup = fused.make_setup(cfg, env.spec)
-    step = fused.make_train_chunk(setup, env, chunk)
-    runner = fused.init_runner(setup, env, seed)
-    if init_from is not None:
-        params = jax.tree.map(lambda x: jnp.asarray(x)[None], init_from.params)
-        runner = runner._replace(train=runner.train.replace(params=params))
-    for u in range(0, updates, chunk):
-        runner, metrics = step(runner)
+class Recipe(NamedTuple):
+    """The scheduler's own PPO settings. Its network is tiny next to the task runs its
+    samples cost, so more epochs over each rollout are nearly free."""
+
+    epochs: int = 4
+    minibatches: int = 2
+    lr: float = 3e-4
+    ent_coef: float = 0.01
+
+
+def train_scheduler(envs, num_steps: int, updates: int, seed: int = 0, init_from=None,
+                    chunk: int = 1, log=print, recipe: Optional[Recipe] = None) -> Trained:
+    """Train (or fine-tune, from a `Trained`) one scheduler policy with `fused`'s PPO.
+
+    `envs`: a `SchedulingEnv` or several (one per task, the same shard range and
+    episode count): `updates` counts every task's, taken in turn, each task's
+    episodes carrying on where its last update left them, one policy and one
+    optimiser for all (a generalist)."""
+    envs = list(envs) if isinstance(envs, (list, tuple)) else [envs]
+    check_tasks(envs, init_from)
+    cfg = scheduler_config(envs[0], envs[0].num_envs, num_steps, updates, recipe=recipe)
+    setup = fused.make_setup(cfg, envs[0].spec)
+    steps = [fused.make_train_chunk(setup, env, chunk) for env in envs]
+    runners = [fused.init_runner(setup, env, seed + i) for i, env in enumerate(envs)]
+    train = runners[0].train
+    if init_from is not None:  # a file of fewer features starts as the same policy over all
+        init_from = learned.widen(init_from)
+        train = train.replace(params=jax.tree.map(lambda x: jnp.asarray(x)[None], init_from.params))
+    for k, u in enumerate(range(0, updates, chunk)):
+        i = k % len(envs)
+        runners[i], metrics = steps[i](runners[i]._replace(train=train))
+        train = runners[i].train
         ret = np.asarray(metrics["return_mean"])
-        log(f"scheduler update {u + chunk}/{updates}: episode return "
+        log(f"scheduler update {u + chunk}/{updates} ({envs[i].task_cfg.env.id}): episode return "
             f"{np.nanmean(ret) if np.isfinite(ret).any() else float('nan'):.3f}, "
             f"episodes {float(np.sum(metrics['episodes'])):.0f}")
-    params = jax.tree.map(lambda x: np.asarray(x[0]), runner.train.params)
-    return Trained(params, _meta(env, cfg))
+    params = jax.tree.map(lambda x: np.asarray(x[0]), train.params)
+    return Trained(params, _meta(envs, cfg))
 
 
-def _meta(env: SchedulingEnv, cfg) -> dict:
+def check_tasks(envs: list, init_from) -> None:
+    """One policy head for every task and the file it starts from: refused before compiling."""
+    M = init_from.meta["max_shards"] if init_from is not None else envs[0].opts.max_shards
+    if M != envs[0].opts.max_shards:  # the policy head has one logit per n
+        raise ConfigError(f"scheduler.init_from: that scheduler chooses from 1..{M} shards; "
+                          f"set scheduler.max_shards={M} to fine-tune it")
+    for env in envs[1:]:
+        if env.opts.max_shards != M or env.num_envs != envs[0].num_envs:
+            raise ConfigError(f"scheduler.max_shards: every task of one scheduler chooses from 1..{M} "
+                              f"shards; {env.task_cfg.env.id} has {env.opts.max_shards}")
+
+
+def _task_meta(env: SchedulingEnv) -> dict:
     o = env.opts
-    return {"env_id": env.task_cfg.env.id, "cost": dataclasses.asdict(env.cost_cfg),
-            "max_shards": o.max_shards, "scale": o.scale._asdict(), "profile": o.profile._asdict(),
-            "max_rounds": o.max_rounds, "target_return": o.target_return,
+    return {"env_id": env.task_cfg.env.id, "scale": o.scale._asdict(), "profile": o.profile._asdict(),
+            "max_rounds": o.max_rounds, "target_return": o.target_return}
+
+
+def _meta(envs, cfg) -> dict:
+    """The file's metadata: the first task's fields at the top level (what a one-task
+    file has always held) and every task's under `tasks`."""
+    envs = list(envs) if isinstance(envs, (list, tuple)) else [envs]
+    o = envs[0].opts
+    return {**_task_meta(envs[0]), "tasks": [_task_meta(e) for e in envs],
+            "cost": dataclasses.asdict(envs[0].cost_cfg), "max_shards": o.max_shards,
             "time_weight": o.time_weight, "target_bonus": o.target_bonus,
             "budgets": list(o.budgets), "deadlines": list(o.deadlines), "no_limit": o.no_limit,
             "features": list(FEATURES), "hidden_sizes": list(cfg.algo.hidden_sizes),
-            "activation": cfg.algo.activation}
+            "activation": cfg.algo.activation,
+            "recipe": {"epochs": cfg.algo.update_epochs, "minibatches": cfg.algo.num_minibatches,
+                       "lr": cfg.algo.lr, "ent_coef": cfg.algo.ent_coef}}

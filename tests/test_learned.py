@@ -19,8 +19,8 @@ from jaxrl_dist.config import CostConfig, from_dict
 M = 2
 
 
-def task():
-    return from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 2, "max_shards": M},
+def task(env_id="CartPole-v1"):
+    return from_dict({"trainer": "sync", "env": {"id": env_id}, "backend": {"name": "local", "envs_per_shard": 2, "max_shards": M},
                       "scheduler": {"num_shards": M},
                       "algo": {"num_steps": 8, "num_minibatches": 1, "update_epochs": 1,
                                "total_timesteps": 2 * 8 * 20}})
@@ -33,11 +33,42 @@ def make_env(target=475.0, max_rounds=3, episodes=2, budgets=(0.0, 0.0), deadlin
     return mdp.SchedulingEnv(task(), CostConfig(), opts, episodes)
 
 
+def acrobot_env(max_rounds=3, episodes=2):
+    """The tiny task's scheduling MDP on Acrobot, on its own return range."""
+    opts = mdp.SchedOptions(M, max_rounds, -100.0, 0.5, 10.0, profile.Profile(),
+                            mdp.Scale(-500.0, -60.0, max_rounds, M))
+    return mdp.SchedulingEnv(task("Acrobot-v1"), CostConfig(), opts, episodes)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    env = make_env()
-    out = scheduler_training.train_scheduler(env, num_steps=2, updates=2, log=lambda s: None)
+    """A scheduler trained over two tasks, one update each (CartPole first)."""
+    out = scheduler_training.train_scheduler([make_env(), acrobot_env()], num_steps=2, updates=2,
+                                             log=lambda s: None)
     return learned.save(out, tmp_path_factory.mktemp("sched") / "s.msgpack")
+
+
+def test_a_scheduler_over_several_tasks_scales_each_on_its_own_range(trained, capsys):
+    """Each task of the set keeps the scale it was trained with; a task outside the set
+    is scheduled zero-shot on its own range, with a note; one shard range for all."""
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.scheduling.schedulers import make_scheduler
+
+    t = learned.load(trained)
+    assert [e["env_id"] for e in t.meta["tasks"]] == ["CartPole-v1", "Acrobot-v1"]
+    assert t.meta["env_id"] == "CartPole-v1" and t.meta["recipe"]["epochs"] == 4
+    for env_id, target, lo, hi in (("Acrobot-v1", -100.0, -500.0, -60.0), ("CartPole-v1", 475.0, 0.0, 500.0),
+                                   ("MountainCar-v0", -110.0, -200.0, -110.0)):
+        cfg = from_dict({"trainer": "sync", "env": {"id": env_id}, "run": {"target_return": target},
+                         "backend": {"name": "local"},
+                         "scheduler": {"name": "learned", "path": str(trained), "min_return": -200.0}})
+        sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+        assert (sched.scale.return_lo, sched.scale.return_hi) == (lo, hi), env_id
+        assert ("zero-shot" in capsys.readouterr().err) == (env_id == "MountainCar-v0")
+        assert 1 <= sched.num_shards(0, []) <= M
+    wide = mdp.SchedOptions(4, 3, 475.0, 0.5, 10.0, profile.Profile(), mdp.Scale(0.0, 500.0, 3, 4))
+    with pytest.raises(ConfigError, match="every task of one scheduler chooses from 1..2 shards"):
+        scheduler_training.check_tasks([make_env(), mdp.SchedulingEnv(task(), CostConfig(), wide, 2)], None)
 
 
 def test_rounds_cost_time_and_money_and_episodes_end():
@@ -102,21 +133,27 @@ def test_missing_scheduler_file_names_the_key():
         make_scheduler(cfg.scheduler, cfg.backend, cfg)
 
 
-def test_another_tasks_scheduler_sees_this_tasks_return_range(capsys):
-    """No preset for Acrobot: the CartPole preset, with a note, and Acrobot's own
-    return range; without a target or range the error names the key."""
+def test_the_default_is_the_generalist_and_other_tasks_run_it_zero_shot(capsys):
+    """No `scheduler.path`: the shipped generalist. Acrobot, one of its tasks, sees the
+    scale it was trained with; MountainCar, outside its set, runs it zero-shot on its
+    own range with a note; without a target or range the error names the key."""
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.scheduling.schedulers import make_scheduler
 
-    base = {"trainer": "sync", "env": {"id": "Acrobot-v1"}, "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
-    cfg = from_dict({**base, "run": {"target_return": -100.0}, "scheduler": {"name": "learned",
-                                                                              "min_return": -500.0}})
+    base = {"trainer": "sync", "backend": {"name": "local"}, "scheduler": {"name": "learned"}}
+    cfg = from_dict({**base, "env": {"id": "Acrobot-v1"}, "run": {"target_return": -100.0}})
     sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
-    assert "no scheduler preset for env.id 'Acrobot-v1'" in capsys.readouterr().err
-    assert (sched.scale.return_lo, sched.scale.return_hi) == (-500.0, -100.0)
+    assert [t["env_id"] for t in sched.trained.meta["tasks"]] == ["CartPole-v1", "Acrobot-v1"]
+    assert (sched.scale.return_lo, sched.scale.return_hi) == (-500.0, -60.0)
+    assert "zero-shot" not in capsys.readouterr().err
+    cfg = from_dict({**base, "env": {"id": "MountainCar-v0"}, "run": {"target_return": -110.0},
+                     "scheduler": {"name": "learned", "min_return": -200.0}})
+    sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    assert "MountainCar-v0 zero-shot" in capsys.readouterr().err
+    assert (sched.scale.return_lo, sched.scale.return_hi) == (-200.0, -110.0)
     assert 1 <= sched.num_shards(0, []) <= sched.scale.max_shards
     with pytest.raises(ConfigError, match="run.target_return"):
-        cfg = from_dict(base)
+        cfg = from_dict({**base, "env": {"id": "MountainCar-v0"}})
         make_scheduler(cfg.scheduler, cfg.backend, cfg)
 
 
@@ -240,3 +277,7 @@ def test_a_scheduler_trained_on_fewer_features_reads_its_own_by_name(trained, tm
     for _ in range(20):
         x = rng_.uniform(-1.0, 1.0, len(mdp.FEATURES)).astype(np.float32)
         assert sched.act(x) == act(x)
+    widened = learned.widen(old)  # the start of a fine-tune: the zeroed network itself
+    assert widened.meta["features"] == list(mdp.FEATURES)
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), widened.params, zeroed.params)
+    assert all(jax.tree.leaves(same))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -46,6 +46,27 @@ def columns(trained: Trained) -> np.ndarray:
     """Where the features the scheduler was trained on sit in `FEATURES`, in its order."""
     return np.asarray([FEATURES.index(f) for f in trained.meta["features"]], np.int32)
 
+def widen(trained: Trained) -> Trained:
+    """The same policy over all of `FEATURES`, to fine-tune a file trained on fewer: each
+    input layer gets zero weights for the features it never saw, so every output
+    stays what it was until training moves them."""
+    names = trained.meta["features"]
+    if list(names) == list(FEATURES):
+        return trained
+    cols = columns(trained)
+
+    def grow(path, x):
+        x = np.asarray(x)
+        if [getattr(k, "key", None) for k in path[-2:]] != ["Dense_0", "kernel"] or x.shape[0] != len(names):
+            return x
+        out = np.zeros((len(FEATURES),) + x.shape[1:], x.dtype)
+        out[cols] = x
+        return out
+
+    params = jax.tree_util.tree_map_with_path(grow, trained.params)
+    return Trained(params, {**trained.meta, "features": list(FEATURES)})
+
+
 def policy(trained: Trained):
     """`act(features[len(FEATURES)]) -> n`: the greedy shard count of a trained scheduler,
     from the features it was trained on (selected by name)."""
@@ -62,26 +83,24 @@ def policy(trained: Trained):
 class LearnedScheduler:
     """`scheduler=learned`: the trained policy's greedy n from the last round's features.
 
-    Loads `scheduler.path`, else the preset shipped for `env.id`, else (with a
-    note) the CartPole-v1 preset. A scheduler trained on another task sees this
-    task's returns scaled by its own range (`scale_for`).
+    Loads `scheduler.path`, else the shipped default (`DEFAULT`: one scheduler
+    trained over a set of tasks). A task of its set sees its returns on the scale
+    it was trained with; any other task on its own range (`scale_for`).
     """
 
     name = "learned"
 
     def __init__(self, cfg, backend_cfg, full=None):
-        env_id = full.env.id if full is not None else "CartPole-v1"
-        path = Path(cfg.path) if cfg.path else preset_path(env_id)
-        if not cfg.path and not path.is_file():
-            print(f"note: no scheduler preset for env.id {env_id!r}; using {FALLBACK}'s "
-                  f"(train one with `jaxrl-dist scheduler train`)", file=sys.stderr)
-            path = preset_path(FALLBACK)
+        path = Path(cfg.path) if cfg.path else preset_path(DEFAULT)
         if not path.is_file():
             raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
         trained = load(path)
         check_fits(trained, path, backend_cfg, cfg)
         if full is not None:
             note_unseen_limits(trained, path, full.run)
+            if task_entry(trained, full.env.id) is None:
+                print(f"note: the scheduler in {path} was trained on {trained_on(trained)}; it schedules "
+                      f"{full.env.id} zero-shot, on its own return range", file=sys.stderr)
         self.trained, self.act = trained, policy(trained)
         self.scale = scale_for(trained, full)
 
@@ -94,7 +113,7 @@ class LearnedScheduler:
     def expected_shards(self) -> float:
         return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
 
-FALLBACK = "CartPole-v1"
+DEFAULT = "default"  # presets/schedulers/default.msgpack: the generalist
 
 def check_fits(trained: Trained, path, backend_cfg, cfg) -> None:
     """Refuse, in one line naming the file, a scheduler this run cannot use: one whose
@@ -128,19 +147,33 @@ def note_unseen_limits(trained: Trained, path, run_cfg) -> None:
         print(f"note: the scheduler in {path} was trained without seeing {', '.join(unseen)}; "
               f"the run still stops at it", file=sys.stderr)
 
+def task_entry(trained: Trained, env_id: str) -> Optional[dict]:
+    """What the scheduler was trained with on task `env_id` (its `scale`, `profile`,
+    `target_return`, `max_rounds`), or None when that task was not among its tasks."""
+    return next((t for t in trained.meta.get("tasks") or [trained.meta] if t["env_id"] == env_id), None)
+
+
+def trained_on(trained: Trained) -> str:
+    return ", ".join(t["env_id"] for t in trained.meta.get("tasks") or [trained.meta])
+
+
 def scale_for(trained: Trained, full=None) -> Scale:
-    """The trained scale, with the return range of the task it now schedules when that
-    is another task: `scheduler.min_return` (or 0) up to `run.target_return` (or
-    `scheduler.max_return`)."""
+    """The scale of the task it now schedules: the trained one for a task of its set;
+    for another task, the first task's with this task's return range:
+    `scheduler.min_return` (or 0) up to `run.target_return` (or `scheduler.max_return`)."""
     s = Scale(**trained.meta["scale"])
-    if full is None or trained.meta["env_id"] == full.env.id:
+    if full is None:
         return s
+    own = task_entry(trained, full.env.id)
+    if own is not None:
+        return Scale(**own["scale"])
     hi = full.run.target_return if full.run.target_return is not None else full.scheduler.max_return
     if hi is None:
-        raise ConfigError(f"run.target_return: the scheduler was trained on {trained.meta['env_id']}; "
+        raise ConfigError(f"run.target_return: the scheduler was trained on {trained_on(trained)}; "
                           f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
     lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
     return s._replace(return_lo=float(lo), return_hi=float(hi))
+
 
 def preset_path(env_id: str) -> Path:
     return PRESETS / f"{env_id}.msgpack"
