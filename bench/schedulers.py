@@ -65,6 +65,7 @@ from common import fmt, machine_info, markdown_table, print_table, write_json
 from jaxrl_dist.platform import configure_cpu
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parents[1]
 FIXED = (1, 2, 4, 8, 16, 32)
 LEARNED = ("learned", "generalist")  # the policies that read a scheduler file
 
@@ -116,7 +117,7 @@ def scheduler_file(policy: str, task: str, files: dict):
     if policy == "generalist":
         path = Path(files["generalist"])
         stand_in = path.resolve() == preset_path(FALLBACK).resolve()
-        return path, "stand-in: the CartPole-v1 preset" if stand_in else "generalist file"
+        return path, "stand-in: the CartPole-v1 preset" if stand_in else "the generalist file (--generalist)"
     if policy not in ("learned", "learned_lambda", "learned_cloudrun"):
         return None, None
     if task in files["learned"]:
@@ -125,6 +126,12 @@ def scheduler_file(policy: str, task: str, files: dict):
     if preset_path(env_id).is_file():
         return preset_path(env_id), f"the {env_id} preset"
     return preset_path(FALLBACK), f"no {env_id} preset: the {FALLBACK} preset (as scheduler=learned falls back)"
+
+
+def shown(path) -> str:
+    """`path` relative to the repository when inside it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
 def digest(path) -> str:
@@ -189,10 +196,17 @@ def reach(records: list, target: float) -> dict:
     return {name.format(int(target)): hit and hit[k] for k, name in keys.items()}
 
 
+def cache_key(overrides: list, path) -> dict:
+    """A run's identity: its overrides, with the scheduler file named by its content (so
+    a checkout elsewhere reuses the cache, and a retrained file at the same path does not)."""
+    return {"overrides": [o for o in overrides if not o.startswith("scheduler.path=")],
+            "scheduler_sha256": digest(path) if path else None}
+
+
 def cached_run(cache: Path, task: str, overrides: list, path, root: Path, limit: dict, resume: bool) -> dict:
     """The run from `cache` when resuming and its key (overrides, scheduler file digest)
     matches; else a fresh run, written to `cache` at once."""
-    key = {"overrides": overrides, "scheduler_sha256": digest(path) if path else None}
+    key = cache_key(overrides, path)
     if resume and cache.is_file():
         saved = json.loads(cache.read_text())
         if saved.get("key") == key:
@@ -348,18 +362,25 @@ def _plt():
     return plt
 
 
-def plot_shards(task: str, runs: dict, out_dir: Path):
-    """Shards per round over a run, every policy (seed 0), one panel per variant."""
+def shard_axis(ax) -> None:
+    ax.set_yscale("log")
+    ax.set_yticks(list(FIXED), [str(n) for n in FIXED])
+    ax.set_ylim(0.8, 40)
+
+
+def plot_shards(task: str, runs: dict, out_dir: Path, labels: dict):
+    """Shards per round over a run, every policy (seed 0), one panel per variant. Lines get
+    thinner policy by policy, so one that coincides with another (max and fixed32) shows."""
     plt = _plt()
     variants = list(runs)
     fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 4.2), squeeze=False)
     for ax, v in zip(axes[0], variants):
         for i, (p, rs) in enumerate(runs[v].items()):
             s = rs[0]["series"]["shards"]
-            ax.plot(range(1, len(s) + 1), s, color=plt.get_cmap("tab10")(i % 10),
-                    ls="-" if i < 10 else "--", label=p, drawstyle="steps-mid")
-        ax.set(xlabel="round", ylabel="shards", yscale="log", title=f"{task}, {v}: shards per round (seed 0)")
-        ax.set_yticks(list(FIXED), [str(n) for n in FIXED])
+            ax.plot(range(1, len(s) + 1), s, color=plt.get_cmap("tab10")(i % 10), lw=max(0.8, 4.0 - 0.4 * i),
+                    ls="-" if i < 10 else "--", label=labels.get(p, p), drawstyle="steps-mid")
+        ax.set(xlabel="round", ylabel="shards", title=f"{task}, {v}: shards per round (seed 0)")
+        shard_axis(ax)
         ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
     path = out_dir / f"shards_{task}.png"
@@ -368,7 +389,7 @@ def plot_shards(task: str, runs: dict, out_dir: Path):
     return path
 
 
-def plot_budget(task: str, runs: dict, lim: dict, out_dir: Path):
+def plot_budget(task: str, runs: dict, lim: dict, out_dir: Path, labels: dict):
     """The learned schedulers' shard count against the budget left when they chose it
     (budget variant, every seed); None when the variant or the policies did not run."""
     learned = {p: rs for p, rs in runs.get("budget", {}).items() if p in LEARNED}
@@ -379,10 +400,12 @@ def plot_budget(task: str, runs: dict, lim: dict, out_dir: Path):
     for i, (p, rs) in enumerate(learned.items()):
         for j, r in enumerate(rs):
             s = r["series"]
-            ax.plot(s["budget_left"], s["shards"], marker="o", ms=3, alpha=0.8, color=plt.get_cmap("tab10")(i),
-                    ls=["-", "--", ":"][j % 3], label=f"{p} seed {j}")
+            ax.plot(s["budget_left"], s["shards"], marker="os"[i % 2], ms=7 - 3 * i, alpha=0.8,
+                    color=plt.get_cmap("tab10")(i), lw=3.0 - i, ls=["-", "--", ":"][j % 3],
+                    label=f"{labels.get(p, p)} seed {j}")
     ax.set(xlabel="budget_left (share of run.budget_usd not yet spent)", ylabel="shards chosen",
            title=f"{task}: learned choice against the budget left (${lim['budget_usd']:.4g})", xlim=(1.02, -0.02))
+    shard_axis(ax)
     ax.legend(fontsize="small")
     fig.tight_layout()
     path = out_dir / f"budget_{task}.png"
@@ -425,7 +448,7 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
     after each variant writes what there is so far."""
     files = {p: scheduler_file(p, task, ctx.files) for p in policies}
     res = {"budget": TASKS[task]["budget"], "overrides": TASKS[task]["overrides"],
-           "scheduler_files": {p: {"path": str(f), "note": n, "sha256": digest(f)}
+           "scheduler_files": {p: {"path": shown(f), "note": n, "sha256": digest(f)}
                                for p, (f, n) in files.items() if f is not None},
            "variants": {}, "plots": []}
     lims, runs = {"none": {}}, {}
@@ -440,7 +463,9 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
         print_table(f"{task}, {variant_label(v, lims[v])}", HEADERS,
                     table_rows(task, v, agg, cmp, lims[v], TASKS[task].get("also", ())))
         print(json.dumps(cmp), flush=True)
-        pngs = [plot_shards(task, runs, ctx.out), plot_budget(task, runs, lims.get("budget", {}), ctx.out)]
+        labels = {p: f"{p} (stand-in)" for p, (_, n) in files.items() if n and n.startswith("stand-in")}
+        pngs = [plot_shards(task, runs, ctx.out, labels),
+                plot_budget(task, runs, lims.get("budget", {}), ctx.out, labels)]
         res["plots"] = [str(p) for p in pngs if p is not None]
         sink(task, res)
     return res
@@ -460,8 +485,11 @@ def markdown(out: dict) -> str:
             rows += table_rows(task, v, agg, r["compare"], r["limit"], TASKS[task].get("also", ()))
             notes.append(f"- {task}, {variant_label(v, r['limit'])}: " + ", ".join(
                 f"{k} {note_value(x)}" for k, x in r["compare"].items()))
-        for p, f in t["scheduler_files"].items():
+        files = t["scheduler_files"]
+        for p, f in files.items():
             notes.append(f"- {task}: `{p}` reads {f['path']} ({f['note']}, sha256 {f['sha256']})")
+        if len({f["sha256"] for f in files.values()}) == 1 < len(files):
+            notes.append(f"- {task}: {' and '.join(files)} read the same file: their rows are the same runs")
     return "\n".join([markdown_table(HEADERS, rows), "", *notes]) + "\n"
 
 
