@@ -26,8 +26,8 @@ limit the runs do not stop at the target: every one runs until the limit
 (`stop_reason` in its summary says so) and the table reports its final return.
 
 Per cell: reached k/n, dollars and modeled seconds to target (mean and 95%
-t-interval over the seeds that reached it), final return (mean and interval
-over all seeds), shards per round, rounds, runs stopped at the limit. Ratios:
+t-interval over the seeds that reached it), final return (the last round's
+recent return, as the target rule reads it; mean and interval over all seeds), shards per round, rounds, runs stopped at the limit. Ratios:
 `learned` and `generalist` against the oracle, and whether either beats every
 fixed count beyond the intervals.
 
@@ -40,7 +40,8 @@ fixed count beyond the intervals.
         --variants none --out bench/results/schedulers_hopper
 
 Writes `OUT.{json,md}`, one JSON per run under `OUT/runs/` (written after every
-run; `--resume` reuses those whose overrides and scheduler file match) and PNGs
+run; `--resume` reuses those, and the runs recorded in OUT.json, whose overrides
+and scheduler file match) and PNGs
 under `OUT/`: `shards_TASK.png` (shards per round, every policy, every variant)
 and `budget_TASK.png` (the learned schedulers' choice against `budget_left`).
 """
@@ -203,19 +204,38 @@ def cache_key(overrides: list, path) -> dict:
             "scheduler_sha256": digest(path) if path else None}
 
 
-def cached_run(cache: Path, task: str, overrides: list, path, root: Path, limit: dict, resume: bool) -> dict:
-    """The run from `cache` when resuming and its key (overrides, scheduler file digest)
-    matches; else a fresh run, written to `cache` at once."""
+def cached_run(cache: Path, task: str, overrides: list, path, limit: dict, ctx) -> tuple:
+    """`(key, run)`: with `--resume`, the run cached in `cache` or recorded in the previous
+    OUT.json under the same key (overrides, scheduler file digest); else the same run done
+    earlier in this process, or a fresh run. Written to `cache` at once."""
     key = cache_key(overrides, path)
-    if resume and cache.is_file():
+    if ctx.resume and cache.is_file():
         saved = json.loads(cache.read_text())
         if saved.get("key") == key:
-            return saved["run"]
-    same = _DONE.get(json.dumps(key))
-    run = dict(same, same_run_as=same["cache"]) if same else run_one(task, overrides, root, limit)
-    _DONE.setdefault(json.dumps(key), {**run, "cache": str(cache)})
+            return key, saved["run"]
+    k, where = json.dumps(key), str(cache.relative_to(ctx.out))
+    if ctx.resume and k in ctx.prior:
+        run = ctx.prior[k]
+    elif k in _DONE:
+        run = dict(_DONE[k][1], same_run_as=_DONE[k][0])
+    else:
+        run = run_one(task, overrides, ctx.root, limit)
+    _DONE.setdefault(k, (where, run))
     write_json(cache, {"key": key, "run": run})
-    return run
+    return key, run
+
+
+def prior_runs(path: Path) -> dict:
+    """The runs recorded in a previous OUT.json, by their key (for `--resume` without OUT/runs/)."""
+    if not path.is_file():
+        return {}
+    out = {}
+    for t in json.loads(path.read_text())["tasks"].values():
+        for v in t["variants"].values():
+            for p in v["policies"].values():
+                out.update({json.dumps(r["key"]): {k: x for k, x in r.items() if k not in ("seed", "key")}
+                            for r in p["runs"] if "key" in r})
+    return out
 
 
 # Runs done in this process by their key: two policies that resolve to the same overrides and
@@ -236,9 +256,19 @@ def interval(values: list) -> dict:
     return out
 
 
+def final_recent(run: dict):
+    """The run's return at its end as the target rule reads it (`return_recent` of the last
+    round: the latest rounds holding `run.target_episodes` episodes). Unlike the summary's
+    `final_return` (episodes ended in the last 10% of rounds) it has a value when a short
+    run's last round ends no episode, as Acrobot's -500 timeouts can: dropping those seeds
+    would lift the mean of the worst runs."""
+    return next((x for x in reversed(run["series"]["return_recent"]) if x is not None), None)
+
+
 def aggregate(runs: list, variant: str) -> dict:
     keys = [k for k in runs[0] if k in METRICS or k.startswith(("time_to_", "wall_to_", "cost_to_"))]
     out = {k: interval([r.get(k) for r in runs]) for k in keys}
+    out["final_recent"] = interval([final_recent(r) for r in runs])
     out["seeds"] = len(runs)
     out["at_limit"] = sum(r.get("stop_reason") == STOP.get(variant) for r in runs)
     return out
@@ -262,7 +292,7 @@ def beats_fixed(agg: dict, policy: str, metric: str, higher: bool = False) -> di
     (never reached) is beaten, one with a single value is compared on it). To-target
     metrics count only when `policy` reached the target in every seed."""
     me, seeds = agg[policy][metric], agg[policy]["seeds"]
-    if me["mean"] is None or (metric != "final_return" and me["n"] < seeds):
+    if me["mean"] is None or (metric != "final_recent" and me["n"] < seeds):
         return {"mean": False, "interval": False}
     sign = 1 if higher else -1
     means, clear = [], []
@@ -293,11 +323,11 @@ def compare(agg: dict, variant: str) -> dict:
             out[f"{p}_beats_fixed_usd"] = beats_fixed(agg, p, "cost_to_target_usd")
             out[f"{p}_beats_fixed_s"] = beats_fixed(agg, p, "time_to_target_s")
         return out
-    out = {"oracle_return": oracle(agg, "final_return", higher=True)}
+    out = {"oracle_return": oracle(agg, "final_recent", higher=True)}
     for p in (x for x in LEARNED if x in agg):
-        o = m(out["oracle_return"], "final_return")
-        out[f"{p}_return_minus_oracle"] = None if o is None or m(p, "final_return") is None else m(p, "final_return") - o
-        out[f"{p}_beats_fixed_return"] = beats_fixed(agg, p, "final_return", higher=True)
+        o, mine = m(out["oracle_return"], "final_recent"), m(p, "final_recent")
+        out[f"{p}_return_minus_oracle"] = None if o is None or mine is None else mine - o
+        out[f"{p}_beats_fixed_return"] = beats_fixed(agg, p, "final_recent", higher=True)
     return out
 
 
@@ -323,7 +353,7 @@ def cell(s: dict, money: bool = False) -> str:
 
 
 HEADERS = ["task", "variant", "policy", "reached", "dollars to target", "modeled s to target",
-           "final return", "shards/round", "rounds", "stopped at limit"]
+           "final return (recent)", "shards/round", "rounds", "stopped at limit"]
 
 
 def variant_label(variant: str, lim: dict) -> str:
@@ -348,7 +378,7 @@ def table_rows(task: str, variant: str, agg: dict, cmp: dict, lim: dict, also=()
             name = p + (f" ({', '.join(marks[p])})" if p in marks else "")
             rows.append([label, variant_label(variant, lim), name, f"{a[f'time_to_{sfx[1]}']['n']}/{a['seeds']}",
                          cell(a[f"cost_to_{sfx[0]}"], money=True), cell(a[f"time_to_{sfx[1]}"]),
-                         cell(a["final_return"]), fmt(a["mean_shards"]["mean"]), fmt(a["rounds"]["mean"]),
+                         cell(a["final_recent"]), fmt(a["mean_shards"]["mean"]), fmt(a["rounds"]["mean"]),
                          "-" if variant == "none" else f"{a['at_limit']}/{a['seeds']}"])
     return rows
 
@@ -377,12 +407,12 @@ def plot_shards(task: str, runs: dict, out_dir: Path, labels: dict):
     for ax, v in zip(axes[0], variants):
         for i, (p, rs) in enumerate(runs[v].items()):
             s = rs[0]["series"]["shards"]
-            ax.plot(range(1, len(s) + 1), s, color=plt.get_cmap("tab10")(i % 10), lw=max(0.8, 4.0 - 0.4 * i),
+            ax.plot(range(1, len(s) + 1), s, color=plt.get_cmap("tab10")(i % 10), lw=max(1.0, 4.5 - 0.35 * i),
                     ls="-" if i < 10 else "--", label=labels.get(p, p), drawstyle="steps-mid")
         ax.set(xlabel="round", ylabel="shards", title=f"{task}, {v}: shards per round (seed 0)")
         shard_axis(ax)
-        ax.legend(fontsize="x-small", ncol=2)
-    fig.tight_layout()
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="center right", fontsize="small")
+    fig.tight_layout(rect=(0, 0, 1 - 1.7 / fig.get_figwidth(), 1))  # room for the legend
     path = out_dir / f"shards_{task}.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -423,6 +453,7 @@ class Ctx(NamedTuple):
     out: Path  # OUT: OUT.json, OUT.md, OUT/runs/, OUT/*.png
     seeds: int
     resume: bool
+    prior: dict  # the previous OUT.json's runs by key (`prior_runs`)
 
 
 def run_variant(task: str, variant: str, policies: list, lim: dict, ctx: Ctx) -> dict:
@@ -435,10 +466,10 @@ def run_variant(task: str, variant: str, policies: list, lim: dict, ctx: Ctx) ->
         for s in range(ctx.seeds):
             ov = run_overrides(task, p, s, limit, ctx.extra, path)
             cache = ctx.out / "runs" / task / variant / p / f"seed{s}.json"
-            r = cached_run(cache, task, ov, path, ctx.root, limit, ctx.resume)
-            runs[p].append({"seed": s, **r})
+            key, r = cached_run(cache, task, ov, path, limit, ctx)
+            runs[p].append({"seed": s, "key": key, **r})
             print(f"{task} {variant} {p} seed {s}: {r['stop_reason']}, {r['rounds']} rounds, "
-                  f"final {fmt(r.get('final_return'))}, ${fmt(r.get('cost_to_target_usd'))} to target, "
+                  f"final {fmt(final_recent(r))}, ${fmt(r.get('cost_to_target_usd'))} to target, "
                   f"{r['process_s']:.1f} s", flush=True)
     return runs
 
@@ -554,7 +585,8 @@ def main() -> None:
         out_path.with_suffix(".md").write_text(markdown(out))
 
     with tempfile.TemporaryDirectory(prefix="sched-bench-") as tmp:
-        ctx = Ctx(files, extra, Path(tmp), out_path, out["seeds"], args.resume)
+        prior = prior_runs(out_path.with_suffix(".json")) if args.resume else {}
+        ctx = Ctx(files, extra, Path(tmp), out_path, out["seeds"], args.resume, prior)
         for task in args.tasks.split(","):
             run_task(task, variants, policies, ctx, (args.budget_frac, args.deadline_frac), sink)
     print(f"wrote {out_path.with_suffix('.json')}, {out_path.with_suffix('.md')}, PNGs in {out_path}")
