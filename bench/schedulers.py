@@ -508,6 +508,32 @@ def note_value(x) -> str:
     return x if isinstance(x, str) else fmt(x)
 
 
+def wide_tables(out: dict) -> list:
+    """Two compact tables, a row per policy: dollars and modeled seconds to target without a
+    limit, and final return under each limit, a column per task (and limit)."""
+    tasks = out["tasks"]
+    cols = [(t, v) for t in tasks for v in tasks[t]["variants"]]
+    policies = list(dict.fromkeys(p for t, v in cols for p in tasks[t]["variants"][v]["policies"]))
+
+    def get(t, v, p, metric, money=False):
+        a = tasks[t]["variants"][v]["policies"].get(p, {}).get("summary")
+        return cell(a[metric], money) if a else "-"
+    none = [(t, v) for t, v in cols if v == "none"]
+    lim = [(t, v) for t, v in cols if v != "none"]
+    md = []
+    if none:
+        heads = ["policy"] + [f"{t} {x}" for t, _ in none for x in ("reached", "dollars to target", "modeled s to target")]
+        rows = [[p] + [y for t, v in none for y in (
+            f"{tasks[t]['variants'][v]['policies'][p]['summary']['time_to_target_s']['n']}/{out['seeds']}"
+            if p in tasks[t]["variants"][v]["policies"] else "-",
+            get(t, v, p, "cost_to_target_usd", True), get(t, v, p, "time_to_target_s"))] for p in policies]
+        md += [markdown_table(heads, rows), ""]
+    if lim:
+        heads = ["policy"] + [f"{t}, {variant_label(v, tasks[t]['variants'][v]['limit'])}" for t, v in lim]
+        md += [markdown_table(heads, [[p] + [get(t, v, p, "final_recent") for t, v in lim] for p in policies]), ""]
+    return md
+
+
 def markdown(out: dict) -> str:
     rows, notes = [], []
     for task, t in out["tasks"].items():
@@ -521,7 +547,7 @@ def markdown(out: dict) -> str:
             notes.append(f"- {task}: `{p}` reads {f['path']} ({f['note']}, sha256 {f['sha256']})")
         if len({f["sha256"] for f in files.values()}) == 1 < len(files):
             notes.append(f"- {task}: {' and '.join(files)} read the same file: their rows are the same runs")
-    return "\n".join([markdown_table(HEADERS, rows), "", *notes]) + "\n"
+    return "\n".join([markdown_table(HEADERS, rows), "", *wide_tables(out), *notes]) + "\n"
 
 
 def parse_args():
