@@ -579,6 +579,7 @@ def check_args(args, variants: list, policies: list) -> dict:
         bad.append("--variants: a budget or deadline is derived from the fixed counts; add some to --policies")
     learned = dict(x.split("=", 1) for x in args.learned if "=" in x)
     bad += [f"--learned: expected TASK=PATH, got {x!r}" for x in args.learned if "=" not in x]
+    bad += [f"--learned: unknown task {t!r}" for t in learned if t not in TASKS]
     bad += [f"--learned: no such file {p}" for p in learned.values() if not Path(p).is_file()]
     if not Path(args.generalist).is_file():
         bad.append(f"--generalist: no such file {args.generalist}")
@@ -597,8 +598,9 @@ def main() -> None:
     files = check_args(args, variants, policies)
     configure_cpu()
     extra = list(args.overrides) + (["algo.total_timesteps=20480"] if args.quick else [])
-    quick_dir = tempfile.TemporaryDirectory(prefix="sched-quick-") if args.quick and not args.out else None
-    out_path = Path(args.out or (quick_dir.name + "/schedulers" if quick_dir else RESULTS / "schedulers"))
+    # --quick alone writes under a new temporary directory, left for a look, not over the results
+    quick_dir = tempfile.mkdtemp(prefix="sched-quick-") if args.quick and not args.out else None
+    out_path = Path(args.out or (quick_dir + "/schedulers" if quick_dir else RESULTS / "schedulers"))
     out_path.mkdir(parents=True, exist_ok=True)
     out = {"machine": machine_info(), "seeds": 1 if args.quick else args.seeds, "extra_overrides": extra,
            "fractions": {"budget": args.budget_frac, "deadline": args.deadline_frac},
