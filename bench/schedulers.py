@@ -11,9 +11,10 @@ Policies (`--policies`, comma-separated):
   return under one);
 - `max`: always `backend.max_shards` (32); `adapt`: the reward ratio; `ramp`;
 - `learned`: the task's own scheduler file (`--learned TASK=PATH`, else the
-  preset shipped for the task's env id, else the CartPole-v1 preset, as
-  `scheduler=learned` does); `generalist`: one scheduler file for every task
-  (`--generalist PATH`, default the CartPole-v1 preset as a stand-in);
+  preset shipped for the task's env id, else the generalist file, as
+  `scheduler=learned` loads the default); `generalist`: one scheduler file for
+  every task (`--generalist PATH`, default the shipped `default` preset, else
+  the CartPole-v1 preset as a stand-in);
 - `cluster`: `max` on the server-based cluster (`cost=vm_cluster`);
   `learned_lambda`, `learned_cloudrun`: `learned` priced as `aws_lambda` or
   `gcp_cloud_run`. All others are priced as `cost=azure_aci`.
@@ -111,14 +112,14 @@ def task_env_id(task: str) -> str:
 
 def scheduler_file(policy: str, task: str, files: dict):
     """`(path, note)` of the scheduler file `policy` reads on `task`, or `(None, None)`.
-    `learned` without `--learned TASK=PATH` resolves as `scheduler=learned` does: the
-    preset shipped for the env id, else the CartPole-v1 preset."""
-    from jaxrl_dist.scheduling.learned import FALLBACK, preset_path
+    `learned` without `--learned TASK=PATH` reads the preset shipped for the env id, else
+    the generalist file (as `scheduler=learned` without a path loads the default)."""
+    from jaxrl_dist.scheduling.learned import preset_path
 
     if policy == "generalist":
         path = Path(files["generalist"])
-        stand_in = path.resolve() == preset_path(FALLBACK).resolve()
-        return path, "stand-in: the CartPole-v1 preset" if stand_in else "the generalist file (--generalist)"
+        stand_in = path.resolve() == preset_path(STAND_IN).resolve()
+        return path, f"stand-in: the {STAND_IN} preset" if stand_in else "the generalist file (--generalist)"
     if policy not in ("learned", "learned_lambda", "learned_cloudrun"):
         return None, None
     if task in files["learned"]:
@@ -126,7 +127,10 @@ def scheduler_file(policy: str, task: str, files: dict):
     env_id = task_env_id(task)
     if preset_path(env_id).is_file():
         return preset_path(env_id), f"the {env_id} preset"
-    return preset_path(FALLBACK), f"no {env_id} preset: the {FALLBACK} preset (as scheduler=learned falls back)"
+    return Path(files["generalist"]), f"no {env_id} scheduler of its own: the generalist file"
+
+
+STAND_IN = "CartPole-v1"  # the generalist's stand-in where no `default` preset is shipped
 
 
 def shown(path) -> str:
@@ -551,7 +555,7 @@ def markdown(out: dict) -> str:
 
 
 def parse_args():
-    from jaxrl_dist.scheduling.learned import FALLBACK, preset_path
+    from jaxrl_dist.scheduling.learned import preset_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", default="cartpole,acrobot")
@@ -560,7 +564,10 @@ def parse_args():
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--budget-frac", type=float, default=0.6, help="budget: this x the dollar oracle's to target")
     ap.add_argument("--deadline-frac", type=float, default=0.6, help="deadline: this x the time oracle's to target")
-    ap.add_argument("--generalist", default=str(preset_path(FALLBACK)), help="the generalist scheduler file")
+    shipped = preset_path("default")
+    ap.add_argument("--generalist", default=str(shipped if shipped.is_file() else preset_path(STAND_IN)),
+                    help="the generalist scheduler file (default: the shipped default preset, else the "
+                         f"{STAND_IN} preset as a stand-in)")
     ap.add_argument("--learned", action="append", default=[], metavar="TASK=PATH",
                     help="a task's own scheduler file (default: the preset shipped for its env id)")
     ap.add_argument("--resume", action="store_true", help="reuse the runs cached under OUT/runs/")
