@@ -19,7 +19,7 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from hydra.experimental.callback import Callback
 

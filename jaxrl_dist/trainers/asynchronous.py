@@ -433,7 +433,7 @@ class AsyncTrainer:
 
     def _after(self, train, version: int, so_far: list) -> None:
         """The late stop conditions, the checkpoint and the balance step of an update."""
-        cfg, a = self.cfg, self.cfg.asynchronous
+        a = self.cfg.asynchronous
         self._late_stop = self._late_stop or self._stop_late(so_far)
         if self.ckpt.due(version):
             self._save_async(train, version)
