@@ -182,6 +182,11 @@ def main() -> None:
     p.add_argument("--out", default=str(RESULTS / "async_vs_sync"))
     args = p.parse_args()
     configure_cpu()
+    write_outputs(args, run_matrix(args))
+
+
+def run_matrix(args) -> dict:
+    """Every task x setting x seed x mode run, modes interleaved seed by seed."""
     runs, root = {}, Path(tempfile.mkdtemp(prefix="async-vs-sync-"))
     for task in args.tasks.split(","):
         for mode in args.modes.split(","):  # untimed: fills the persistent compile cache
@@ -190,14 +195,18 @@ def main() -> None:
             # modes interleaved seed by seed: a slow spell of the machine hits every mode alike
             for seed in range(args.seeds):
                 for mode in args.modes.split(","):
-                    key = (task, setting, mode)
                     t0 = time.perf_counter()
                     r = run_one(task, mode, setting, seed, root)
-                    runs.setdefault(key, []).append(r)
+                    runs.setdefault((task, setting, mode), []).append(r)
                     print(f"{task} {setting} {mode} seed {seed}: {fmt(r['sps'])} steps/s, "
                           f"to target {fmt(r['wall_to_target_s'])} s, return {fmt(r['final_return'])}, "
                           f"staleness {fmt(r['staleness_mean'])}/{r['staleness_max']}, "
                           f"dropped {r['dropped']} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return runs
+
+
+def write_outputs(args, runs: dict) -> None:
+    """The table (printed and markdown), the JSON with every run, the ratios and the plot."""
     agg = {k: {m: stats([r[m] for r in rs]) for m in METRICS} for k, rs in runs.items()}
     rows = [[t, s, m, cell(a["sps"], 4), cell(a["wall_to_target_s"]), cell(a["train_to_target_s"]),
              cell(a["modeled_sps"], 4),
@@ -223,7 +232,6 @@ def main() -> None:
     md += "\n\n" + "\n".join(f"- {k}: {v:.3f}" for k, v in rat.items()) + "\n"
     out.with_suffix(".md").write_text(md)
     plot(runs, out.with_suffix(".png"))
-
 
 if __name__ == "__main__":
     main()
