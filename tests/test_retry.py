@@ -176,7 +176,7 @@ def test_the_http_backend_waits_out_retry_after_then_tries_the_next_endpoint(scr
     backend = _http_backend([busy.url, live.url], max_retries=2)
     try:
         t0 = time.perf_counter()
-        body, retries, url, _ = backend._call(backend._post(0, b"the shard's request"))
+        body, retries, url, _, _ = backend._call(backend._post(0, b"the shard's request"))
         waited = time.perf_counter() - t0
     finally:
         backend.close()
