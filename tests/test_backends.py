@@ -71,7 +71,9 @@ def test_same_seed_same_params_on_every_backend(name, tmp_path, servers, referen
             assert r["bytes_sent"] > 0 and r["bytes_received"] > 0
 
 
-@pytest.mark.parametrize("name", ["ray", "http"])
+# Ray ships slot state as the local backend does (test_same_seed_same_params_on_every_backend):
+# its continuous run is `-m slow`, to keep the default suite in its time
+@pytest.mark.parametrize("name", [pytest.param("ray", marks=pytest.mark.slow), "http"])
 def test_continuous_actions_and_normalisers_match_too(name, tmp_path, servers):
     """Pendulum ships observation and reward normaliser state with every slot."""
     from jaxrl_dist.trainers.runner import train

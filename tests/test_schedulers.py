@@ -184,7 +184,10 @@ E2E = {
 }
 
 
-@pytest.mark.parametrize("name", list(E2E))
+# max and ramp follow the same path as fixed and adapt (the schedulers' own tests check
+# their choices): they run with `-m slow`, to keep the default suite in its time
+@pytest.mark.parametrize("name", [n if n in ("fixed", "adapt") else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in E2E])
 def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
     import jaxrl_dist.trainers.sync as rounds
     from jaxrl_dist.trainers.runner import train
