@@ -108,10 +108,9 @@ def _task_meta(env: SchedulingEnv) -> dict:
             "max_rounds": o.max_rounds, "target_return": o.target_return}
 
 
-def _meta(envs, cfg) -> dict:
+def _meta(envs: list, cfg) -> dict:
     """The file's metadata: the first task's fields at the top level (what a one-task
     file has always held) and every task's under `tasks`."""
-    envs = list(envs) if isinstance(envs, (list, tuple)) else [envs]
     o = envs[0].opts
     return {**_task_meta(envs[0]), "tasks": [_task_meta(e) for e in envs],
             "cost": dataclasses.asdict(envs[0].cost_cfg), "max_shards": o.max_shards,
