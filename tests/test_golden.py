@@ -50,8 +50,9 @@ GOLDEN = {
     "sync_http": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
     "async_staleness0": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
     "scheduling_mdp_2updates": {
-        # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on this kind only
-        EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402"},
+        # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on these kinds only
+        EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402",
+        EPYC_AVX512: "b0d47257a7a1637597a8cced289bfefd8d5a44c7f4f47c6af145a379c262be1d"},  # 6fde311
 }
 
 RUN = {"progress": False, "tensorboard": False, "compile_cache": False}

@@ -14,6 +14,7 @@ from jaxrl_dist.scheduling import mdp
 from jaxrl_dist.scheduling import profile
 from jaxrl_dist.scheduling import cost
 from jaxrl_dist.scheduling.records import Record
+from jaxrl_dist.backends.local import make_round_body
 from jaxrl_dist.config import CostConfig, from_dict
 
 M = 2
@@ -69,6 +70,27 @@ def test_a_scheduler_over_several_tasks_scales_each_on_its_own_range(trained, ca
     wide = mdp.SchedOptions(4, 3, 475.0, 0.5, 10.0, profile.Profile(), mdp.Scale(0.0, 500.0, 3, 4))
     with pytest.raises(ConfigError, match="every task of one scheduler chooses from 1..2 shards"):
         scheduler_training.check_tasks([make_env(), mdp.SchedulingEnv(task(), CostConfig(), wide, 2)], None)
+
+
+def test_a_round_rolls_out_only_its_bucket_and_matches_the_padded_round():
+    """n = 3 of M = 5 runs the 4-slot rollout: shards 0-2 and the slots they write are
+    the padded 5-slot round's, bit for bit; shard 4, outside the bucket, is zeros (the
+    update masks shards 3 and 4 alike), and slots 3 and 4 are left as they were."""
+    assert mdp.shard_buckets(5) == (1, 2, 4, 5) and mdp.shard_buckets(16) == (1, 2, 4, 8, 16)
+    opts = mdp.SchedOptions(5, 3, 475.0, 0.5, 10.0, profile.Profile(), mdp.Scale(0.0, 500.0, 3, 5))
+    env = mdp.SchedulingEnv(task(), CostConfig(), opts, 1)
+    inner = jax.tree.map(lambda x: x[0], env.reset(jax.random.key(0))[0])
+    keys = jax.random.key_data(jax.random.split(jax.random.key(1), 5))
+    n = jnp.asarray(3)
+    table, traj, boot = jax.jit(env._rollouts)(inner.train.params, inner.table, n, keys)
+    idx = jnp.where(jnp.arange(5) < n, jnp.arange(5), 5)
+    want = make_round_body(env.program, 5)(inner.train.params, inner.table, idx, keys)
+    pairs = [(g, r, 1) for g, r in zip(jax.tree.leaves(traj), jax.tree.leaves(want[1]))]  # [T, M, B]
+    for got, ref, axis in pairs + [(boot, want[2], 0)]:  # boot: [M, B]
+        np.testing.assert_array_equal(np.take(got, range(3), axis), np.take(ref, range(3), axis))
+        assert not np.take(got, [4], axis).any()
+    for got, ref in zip(jax.tree.leaves(table), jax.tree.leaves(want[0])):
+        np.testing.assert_array_equal(got, ref)
 
 
 def test_rounds_cost_time_and_money_and_episodes_end():

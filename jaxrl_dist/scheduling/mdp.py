@@ -5,7 +5,8 @@ an episode is one whole training run of the task; each step is one round whose
 action `a` runs `n = a + 1` shards. The inner run is the round trainer's own
 math in JAX (the local backend's round function and the learner's update,
 padded to `M = scheduler.max_shards` slots and masked, so `n` never
-recompiles; each round's update runs only its own `n` shards' minibatch steps),
+recompiles; each round rolls out the smallest power-of-two bucket of slots that
+holds its `n` shards and its update runs only their minibatch steps),
 run episode after episode (`lax.map`), on the *modeled* clock: a shard's seconds
 come from a latency profile (`Profile`), a round's seconds and dollars from
 the cost model (`cost.round_cost`). The scheduler itself then trains with
@@ -120,6 +121,11 @@ class Inner(NamedTuple):
     sums: Any  # [rounds.TARGET_ROUNDS] episode return sums of the latest rounds, newest first
     counts: Any  # their episode counts
 
+def shard_buckets(M: int) -> tuple:
+    """Slot counts a round's rollout is compiled for: powers of two up to `M`, and `M`
+    (each is one more rollout to compile; a round runs the smallest that holds `n`)."""
+    return tuple(sorted({min(2 ** i, M) for i in range(max(M - 1, 1).bit_length() + 1)}))
+
 class SchedOptions(NamedTuple):
     """Static settings of the scheduling MDP."""
 
@@ -142,7 +148,7 @@ class SchedulingEnv:
     Follows `envs.base.EnvAdapter`, so the core rollout and PPO train on it
     unchanged. The task's learner, slots and round function are the round
     trainer's (`core.learner.make_learner`, `trainers.sync.init_table`, the local backend's
-    round body), closed over and vmapped over episodes.
+    round body), closed over and run episode after episode.
     """
 
     def __init__(self, task_cfg, cost_cfg, opts: SchedOptions, num_envs: int):
@@ -155,7 +161,8 @@ class SchedulingEnv:
         self.program = ShardProgram(spec_from_config(task_cfg, suite, False))
         M = opts.max_shards
         self.learner = make_learner(task_cfg, self.program.network, self.program.env.spec, M / 2)
-        self.round_body = make_round_body(self.program, M)
+        self.buckets = shard_buckets(M)
+        self.round_bodies = [make_round_body(self.program, b) for b in self.buckets]
         self.spec = EnvSpec(f"scheduler/{task_cfg.env.id}", "gymnax", (len(FEATURES),), jnp.float32,
                             True, M)
         self.steps_per_shard = task_cfg.backend.envs_per_shard * task_cfg.algo.num_steps
@@ -200,9 +207,8 @@ class SchedulingEnv:
         """One task round of `n` shards on the modeled clock: `(inner, RoundCost, return)`."""
         M, p, T = self.opts.max_shards, self.opts.profile, self.task_cfg.algo.num_steps
         key, k_shards, k_learn, k_jitter = jax.random.split(inner.key, 4)
-        idx = jnp.where(jnp.arange(M) < n, jnp.arange(M), M)
         keys = rng.unwrap(jax.random.split(k_shards, M))
-        table, traj, boot = self.round_body(inner.train.params, inner.table, idx, keys)
+        table, traj, boot = self._rollouts(inner.train.params, inner.table, n, keys)
         train, m = self.learner.update_fn(inner.train, traj, boot, n, k_learn)
         jitter = jnp.exp(p.jitter_cv * jax.random.normal(k_jitter, (M,)))
         shard_s = p.step_s * T * jitter
@@ -221,6 +227,26 @@ class SchedulingEnv:
                        n.astype(jnp.float32))
         new = Inner(train, table, clock, usd, inner.budget, inner.deadline, obs, key, sums, counts)
         return new, rc, ret
+
+    def _rollouts(self, params, table, n, keys):
+        """The round's `n` shards, rolled out in the smallest bucket of slots that holds
+        them (`lax.switch`: only that branch runs), padded with zeros to `M` shards
+        (the update masks shards `>= n`). Shard `i` reads slot `i` and its own key, as
+        the padded round of `M` slots does, so the data is the same and a round of few
+        shards costs few rollouts instead of `M`."""
+        M = self.opts.max_shards
+
+        def branch(b: int, body):
+            def run(table):
+                idx = jnp.where(jnp.arange(b) < n, jnp.arange(b), M)
+                table, traj, boot = body(params, table, idx, keys[:b])
+                pad = lambda x, axis: jnp.concatenate(  # noqa: E731
+                    [x, jnp.zeros(x.shape[:axis] + (M - b,) + x.shape[axis + 1:], x.dtype)], axis)
+                return table, jax.tree.map(lambda x: pad(x, 1), traj), pad(boot, 0)
+            return run
+
+        which = jnp.searchsorted(jnp.asarray(self.buckets), n)
+        return jax.lax.switch(which, [branch(b, f) for b, f in zip(self.buckets, self.round_bodies)], table)
 
     def _step_one(self, inner: Inner, action, key):
         o, s = self.opts, self.opts.scale
