@@ -267,6 +267,9 @@ def _scheduler_parser(sub) -> None:
     train.add_argument("--time-weight", type=float, default=0.5,
                        help="reward weight of modeled time against dollars (0..1)")
     train.add_argument("--target-bonus", type=float, default=10.0)
+    train.add_argument("--limit-reward", choices=("cost", "progress"), default="cost",
+                       help="episodes under a budget or deadline: priced per round as the others "
+                       "(cost), or rewarded only for the progress they end with (progress)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--task", action="append", default=[], metavar="'KEY=VALUE ...'",
                        help="one task of a scheduler trained over several (repeat it): its own "
@@ -364,7 +367,7 @@ def _scheduler_task(args, extra: list) -> tuple:
     try:
         cfg, opts = scheduler_training.task_and_options(
             load_config(list(args.overrides) + extra + ["backend=local"]), args.max_rounds, args.time_weight,
-            args.target_bonus, args.profile)
+            args.target_bonus, args.profile, limit_reward=args.limit_reward)
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + one_line(err)) from err

@@ -18,7 +18,7 @@ from jaxrl_dist.trainers import fused
 
 
 def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bonus: float,
-                     profile=None, scale: Optional[Scale] = None):
+                     profile=None, scale: Optional[Scale] = None, limit_reward: str = "cost"):
     """`(task config, SchedOptions)` of a scheduling MDP from the task's config `cfg`
     (`jaxrl-dist scheduler train` composes it with `backend=local`; `bench/scheduler_mdp.py`).
 
@@ -37,7 +37,8 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
         profile = load_profile(found) if found else Profile()
     s = cfg.scheduler
     scale = scale or Scale(s.min_return or 0.0, s.max_return or target, max_rounds, M)
-    return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale)
+    return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale,
+                             limit_reward=limit_reward)
 
 
 def scheduler_config(env: SchedulingEnv, num_envs: int, num_steps: int, updates: int,
@@ -114,7 +115,7 @@ def _meta(envs: list, cfg) -> dict:
     o = envs[0].opts
     return {**_task_meta(envs[0]), "tasks": [_task_meta(e) for e in envs],
             "cost": dataclasses.asdict(envs[0].cost_cfg), "max_shards": o.max_shards,
-            "time_weight": o.time_weight, "target_bonus": o.target_bonus,
+            "time_weight": o.time_weight, "target_bonus": o.target_bonus, "limit_reward": o.limit_reward,
             "budgets": list(o.budgets), "deadlines": list(o.deadlines), "no_limit": o.no_limit,
             "features": list(FEATURES), "hidden_sizes": list(cfg.algo.hidden_sizes),
             "activation": cfg.algo.activation,

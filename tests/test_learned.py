@@ -230,12 +230,18 @@ def test_limits_end_episodes_and_their_features_move():
     """Every episode (never "none") has a budget of 1.2 rounds at M shards and a deadline
     of 3: the first round (one shard) shows both partly spent; the next (M shards) would
     pass the budget, so the episode ends before it, terminated, with the bonus share of
-    the return reached."""
+    the return reached. With `limit_reward="progress"` the first round earns nothing."""
     env = make_env(max_rounds=3, budgets=(0.4, 0.4), deadlines=(1.0, 1.0), no_limit=0.0)
     state, _ = env.reset(jax.random.key(0))
     assert np.isfinite(np.asarray(state.budget)).all() and np.isfinite(np.asarray(state.deadline)).all()
     step = jax.jit(env.step)
     state, first = step(state, jnp.array([0, 0]), jax.random.key(1))
+    assert (np.asarray(first.reward) < 0).all()  # a round's price, limit or not
+    progress = mdp.SchedulingEnv(env.task_cfg, env.cost_cfg, env.opts._replace(limit_reward="progress"), 2)
+    _, unpriced = jax.jit(progress.step)(progress.reset(jax.random.key(0))[0], jnp.array([0, 0]),
+                                         jax.random.key(1))
+    assert (np.asarray(unpriced.reward) == 0).all()  # under a limit only the end earns
+    np.testing.assert_array_equal(unpriced.obs, first.obs)
     f = dict(zip(mdp.FEATURES, np.asarray(first.obs).T))
     assert ((0.0 < f["budget_left"]) & (f["budget_left"] < 1.0)).all()
     assert ((0.0 < f["time_left"]) & (f["time_left"] < 1.0)).all()

@@ -28,7 +28,10 @@ would take the dollars or the seconds past its limit is not run, as a live
 run stops before it: the episode ends there, terminated (the run is over, so
 nothing is bootstrapped), with `target_bonus` times the fraction of the return
 range reached, so one policy learns to spend differently under a tight and a
-loose budget.
+loose budget. With `limit_reward="progress"` (`scheduler train --limit-reward
+progress`) a limited episode's rounds are not priced at all: what it ends with
+is all it earns, so under a budget the policy is pushed toward the return the
+budget buys rather than toward fewer rounds.
 """
 from __future__ import annotations
 
@@ -141,6 +144,10 @@ class SchedOptions(NamedTuple):
     budgets: tuple = (0.05, 0.5)
     deadlines: tuple = (0.1, 0.6)
     no_limit: float = 0.5  # the chance of "none" for each
+    # "cost": every round is priced as above, limit or not; "progress": an episode under a
+    # limit earns only what it ends with (progress at the cut, or the target's bonus), as
+    # a run whose budget or deadline is fixed is judged by its return at the limit
+    limit_reward: str = "cost"
 
 class SchedulingEnv:
     """`num_envs` parallel training runs of one task; the action is the next round's `n - 1`.
@@ -258,6 +265,8 @@ class SchedulingEnv:
         reached = ~over & (ret >= o.target_return)
         truncated = (new.obs.round >= o.max_rounds) & ~reached & ~over
         reward = -(o.time_weight * rc.modeled_s / ref_s + (1 - o.time_weight) * rc.usd / ref_usd)
+        if o.limit_reward == "progress":
+            reward = jnp.where(jnp.isfinite(inner.budget) | jnp.isfinite(inner.deadline), 0.0, reward)
         reward = jnp.where(over, o.target_bonus * progress(inner.obs.ret, s), reward)
         reward = reward + jnp.where(reached, o.target_bonus, 0.0)
         final = features(jax.tree.map(lambda a, b: jnp.where(over, a, b), inner.obs, new.obs), s)
