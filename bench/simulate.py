@@ -121,8 +121,18 @@ def measured_of(rows: list) -> Measured:
                     _mean(rows, "update_s_median"))
 
 
-def load_remote(path: Path) -> tuple:
-    """`(tagged points, meta)`: runs of one configuration (seeds) averaged into a point."""
+def pinned(work: Workload, rows: list) -> Workload:
+    """An async point run at the actor count its runs' balancer held on average (rounded),
+    the balancer off: what the point's throughput is, given the actors it ran."""
+    actors = _mean(rows, "actors_mean")
+    if work.mode == "sync" or actors is None:
+        return work
+    return work._replace(actors=max(1, int(round(actors))), balance=False)
+
+
+def load_remote(path: Path, pin_actors: bool = False) -> tuple:
+    """`(tagged points, meta)`: runs of one configuration (seeds) averaged into a point;
+    `pin_actors`: async points at their measured actor count (`pinned`)."""
     data = json.loads(path.read_text())
     meta, groups = data.get("meta", {}), {}
     for row in data["runs"]:
@@ -133,9 +143,10 @@ def load_remote(path: Path) -> tuple:
     for work, rows in groups.items():
         work = work._replace(updates=max(WARMUP + 2, min(200, int(statistics.median(
             _num(r, "updates", 150) for r in rows)))))
+        work = pinned(work, rows) if pin_actors else work
         strag = f"stragglers {work.straggler_share:g}x{work.straggler_factor:g}" if work.straggler_share else "none"
         name = (f"{work.mode} S{work.max_staleness} {1e3 * work.latency_s:g}ms {strag} "
-                f"{work.actors}a/{work.instances}i K{work.batch_chunks}")
+                f"{work.actors}a/{work.instances}i K{work.batch_chunks}{'' if work.balance or work.mode == 'sync' else ' pinned'}")
         split = "calibration" if 1e3 * work.latency_s in CAL_LATENCY_MS else "held-out"
         points.append(Tagged(Point(name, work, measured_of(rows)), split))
     return sorted(points, key=lambda t: (t.split, t.point.name)), meta
@@ -473,6 +484,9 @@ def main() -> None:
     p.add_argument("--inputs", choices=("fitted", "measured"), default="measured",
                    help="remote runs: one fitted machine for all, or each run's measured medians (default)")
     p.add_argument("--also", default=None, help="a second file of remote runs, every point held out")
+    p.add_argument("--actors", choices=("balancer", "measured"), default="balancer",
+                   help="remote async points: start where the runs started, the balancer free "
+                   "(default), or run at the actor count the runs' balancer held, balancer off")
     p.add_argument("--synthetic", action="store_true",
                    help="calibrate on runs the simulator makes with known parameters (a self-check)")
     args = p.parse_args()
@@ -486,18 +500,19 @@ def main() -> None:
     if not path.is_file():
         raise SystemExit(f"simulate: --measured: no such file {path}")
     if regime == "remote":
-        points, meta = load_remote(path)
+        points, meta = load_remote(path, args.actors == "measured")
         source = {"source": _shown(path), "meta": meta}
     else:
         points, source = load_local(path)
     source["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()  # which measured file, wherever it lies
     inputs = args.inputs if regime == "remote" and not args.synthetic else "fitted"
-    also = load_remote(Path(args.also))[0] if args.also else ()
+    also = load_remote(Path(args.also), args.actors == "measured")[0] if args.also else ()
     result = run(points, source, "synthetic" if args.synthetic else regime, args.evals, tuple(range(args.seeds)),
                  inputs, also)
     if args.also:
         result["also_from"] = {"source": _shown(Path(args.also)),
                                "sha256": hashlib.sha256(Path(args.also).read_bytes()).hexdigest()}
+    result["actors"] = args.actors
     result["machine"] = machine_info()
     out = Path(args.out)
     write_json(out.with_suffix(".json"), result)
