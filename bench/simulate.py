@@ -312,11 +312,11 @@ def plot(scored: list, rows: list, path: Path, label: str) -> None:
         ax.grid(alpha=0.3)
     a.set_ylabel("predicted env steps/s learned")
     a.set_title(f"remote actors, {1e3 * SCALE_LATENCY[0]:g} +- {1e3 * SCALE_LATENCY[1]:g} ms each way")
-    a.legend(fontsize=7)
+    a.legend(fontsize=7, handlelength=4)  # long enough to show the dashes
     b.set_ylabel("async / sync throughput")
     b.set_title("predicted speed-up beside the paper's 8-node figure")
     b.set_ylim(0.8, 8.6)
-    b.legend(fontsize=7, loc="center left")
+    b.legend(fontsize=7, loc="center left", handlelength=4)
     parity(c, scored, label)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
