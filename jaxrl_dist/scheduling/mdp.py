@@ -197,7 +197,7 @@ class SchedulingEnv:
         k_train, k_slots, k_next, k_budget, k_deadline = jax.random.split(key, 5)
         train = init_train_from_key(self.learner, k_train)
         table = jax.vmap(lambda k: self.program.init_slot(k))(jax.random.split(k_slots, M))
-        clock = cost.SlotClock(jnp.zeros(()), jnp.full((M,), -jnp.inf))
+        clock = cost.SlotClock(jnp.zeros(()), jnp.full((M,), -jnp.inf, jnp.float32))  # strong-typed, as a step returns it
         s = self.opts.scale
         obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
             ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()), time_left=jnp.ones(()))
