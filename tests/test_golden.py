@@ -31,28 +31,35 @@ from serving import TOKEN, Server
 INTEL = "2-vCPU Intel Xeon (KVM)"
 EPYC_AVX512 = "2-vCPU AMD EPYC, AVX-512"
 EPYC_AVX2 = "2-vCPU AMD EPYC, no AVX-512 (e7c88c9)"
+# an EPYC whose AVX-512 has VP2INTERSECT (XLA targets the host's features, so its floats
+# differ from the other AVX-512 EPYC's): recorded from 6fde311 and again from ccdb954
+EPYC_VP2I = "2-vCPU AMD EPYC, AVX-512 with VP2INTERSECT"
+_SHARDS_VP2I = "f5728c51b48bb580ebd866a175cebe4fa98d4b4aabbf33c42a8fe74c2ba5645e"
 _SHARDS = "9faf53a90aeed83f8ba866ba5669d709349aa98224ad240e454ca3c7a9a6f6b9"
 _SHARDS_AVX2 = "c7fbfe4727d52e35b5ec420b976ded4ce4463923c8ab2897c1b06ed4e08bcde6"
 GOLDEN = {
     "fused_cartpole_1seed": {
         INTEL: "67a0550aac6f29c254457262be798cdaadc43de69f660b5b49ea5d2b3b494b42",
         EPYC_AVX512: "67a0550aac6f29c254457262be798cdaadc43de69f660b5b49ea5d2b3b494b42",
-        EPYC_AVX2: "59dab6ec75e864f7e92461ae84fbe53834705f1d3115180cded0231913e3ab75"},
+        EPYC_AVX2: "59dab6ec75e864f7e92461ae84fbe53834705f1d3115180cded0231913e3ab75",
+        EPYC_VP2I: "86ee28d8b1aa0313a177e224b5c09f7a8d1a41ffcc6a0bff847434c089d80275"},
     "fused_cartpole_4seeds": {
         INTEL: "bf427c84ad0d4f8b7cdb4ec8c1ef5ffe9db4dede890a7f021300d9590189389a",
         EPYC_AVX512: "bf427c84ad0d4f8b7cdb4ec8c1ef5ffe9db4dede890a7f021300d9590189389a",
-        EPYC_AVX2: "94d9ff5970ed5dd88acdea7171981e6e30c5d7bba3dbaa982c2f5878322fc950"},
+        EPYC_AVX2: "94d9ff5970ed5dd88acdea7171981e6e30c5d7bba3dbaa982c2f5878322fc950",
+        EPYC_VP2I: "6638e45916857b0346dc23be0d17a97016a9d2c923bd1167c95886f33fda54d6"},
     "fused_pendulum": {  # Pendulum's rewards round differently even between the first two
         INTEL: "62f3ef3c001c1e9fc1ac554740baf764bff3c7abbd4764c7820c05639b70bae8",
         EPYC_AVX512: "9149e96430fe432d05636b78ee23287e54a6b84f86398c63d36f87b076534ee6",
-        EPYC_AVX2: "8bab72c9b7f2a961dea9d5d8e6b1ff6f11021129c69bc28893c34d48382ae1b2"},
-    "sync_local_4shards": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
-    "sync_http": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
-    "async_staleness0": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2},
+        EPYC_AVX2: "8bab72c9b7f2a961dea9d5d8e6b1ff6f11021129c69bc28893c34d48382ae1b2",
+        EPYC_VP2I: "68a72c2755447d493f2dcf125b5f3a30ffdf4340c768b99927e1245615346fc4"},
+    "sync_local_4shards": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2, EPYC_VP2I: _SHARDS_VP2I},
+    "sync_http": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2, EPYC_VP2I: _SHARDS_VP2I},
+    "async_staleness0": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2, EPYC_VP2I: _SHARDS_VP2I},
     "scheduling_mdp_2updates": {
         # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on these kinds only
         EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402",
-        EPYC_AVX512: "b0d47257a7a1637597a8cced289bfefd8d5a44c7f4f47c6af145a379c262be1d"},  # 6fde311
+        EPYC_VP2I: "b0d47257a7a1637597a8cced289bfefd8d5a44c7f4f47c6af145a379c262be1d"},
 }
 
 RUN = {"progress": False, "tensorboard": False, "compile_cache": False}
@@ -97,6 +104,8 @@ def machine_kind() -> str:
     info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     if "GenuineIntel" in info:
         return INTEL
+    if " avx512_vp2intersect" in info:
+        return EPYC_VP2I
     return EPYC_AVX512 if " avx512f" in info else EPYC_AVX2
 
 
