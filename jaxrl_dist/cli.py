@@ -267,6 +267,11 @@ def _scheduler_parser(sub) -> None:
     train.add_argument("--time-weight", type=float, default=0.5,
                        help="reward weight of modeled time against dollars (0..1)")
     train.add_argument("--target-bonus", type=float, default=10.0)
+    train.add_argument("--budgets", type=_span, metavar="LO,HI",
+                       help="the budgets episodes draw, uniformly, in units of --max-rounds rounds at "
+                       "max_shards (default 0.05,0.5); each is none half the time")
+    train.add_argument("--deadlines", type=_span, metavar="LO,HI",
+                       help="the same for the deadlines (default 0.1,0.6)")
     train.add_argument("--limit-reward", choices=("cost", "progress"), default="cost",
                        help="episodes under a budget or deadline: priced per round as the others "
                        "(cost), or rewarded only for the progress they end with (progress)")
@@ -279,6 +284,17 @@ def _scheduler_parser(sub) -> None:
     train.add_argument("--profile", metavar="PATH",
                        help="latency profile (jaxrl-dist calibrate); default: the one shipped for "
                        "env.id, else profile.Profile()'s defaults")
+
+
+def _span(text: str) -> tuple:
+    """`LO,HI` (0 <= LO <= HI) as a float pair, for argparse."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI (two numbers), got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 <= LO <= HI, got {text!r}")
+    return lo, hi
 
 
 def _prepare_jax() -> None:
@@ -367,7 +383,8 @@ def _scheduler_task(args, extra: list) -> tuple:
     try:
         cfg, opts = scheduler_training.task_and_options(
             load_config(list(args.overrides) + extra + ["backend=local"]), args.max_rounds, args.time_weight,
-            args.target_bonus, args.profile, limit_reward=args.limit_reward)
+            args.target_bonus, args.profile, limit_reward=args.limit_reward,
+            limits={k: v for k in ("budgets", "deadlines") if (v := getattr(args, k)) is not None})
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + one_line(err)) from err

@@ -217,6 +217,20 @@ def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, caps
     assert not (tmp_path / "s.msgpack").exists()
 
 
+def test_budget_and_deadline_spans_are_flags_and_a_bad_one_names_itself(tmp_path, capsys):
+    from jaxrl_dist import cli
+    from jaxrl_dist.cli import load_config
+
+    cfg = load_config(["env=cartpole", "backend=local"])
+    _, opts = scheduler_training.task_and_options(cfg, 60, 0.6, 10.0, limits={"budgets": (0.02, 0.2)})
+    assert opts.budgets == (0.02, 0.2) and opts.deadlines == mdp.SchedOptions._field_defaults["deadlines"]
+    for bad in ("0.5,0.1", "abc"):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["scheduler", "train", "env=cartpole", "--budgets", bad, "--out", str(tmp_path / "s")])
+        assert exit_.value.code == 2
+        assert "argument --budgets: expected" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_fine_tuning_from_another_shard_range_names_the_key(trained):
     from jaxrl_dist.config import ConfigError
 
