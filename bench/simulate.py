@@ -143,10 +143,11 @@ def load_remote(path: Path, pin_actors: bool = False) -> tuple:
     for work, rows in groups.items():
         work = work._replace(updates=max(WARMUP + 2, min(200, int(statistics.median(
             _num(r, "updates", 150) for r in rows)))))
-        work = pinned(work, rows) if pin_actors else work
+        held = pinned(work, rows) if pin_actors else work
+        tag, work = ("" if held is work else " pinned"), held
         strag = f"stragglers {work.straggler_share:g}x{work.straggler_factor:g}" if work.straggler_share else "none"
         name = (f"{work.mode} S{work.max_staleness} {1e3 * work.latency_s:g}ms {strag} "
-                f"{work.actors}a/{work.instances}i K{work.batch_chunks}{'' if work.balance or work.mode == 'sync' else ' pinned'}")
+                f"{work.actors}a/{work.instances}i K{work.batch_chunks}{tag}")
         split = "calibration" if 1e3 * work.latency_s in CAL_LATENCY_MS else "held-out"
         points.append(Tagged(Point(name, work, measured_of(rows)), split))
     return sorted(points, key=lambda t: (t.split, t.point.name)), meta

@@ -383,8 +383,8 @@ def _scheduler_task(args, extra: list) -> tuple:
     try:
         cfg, opts = scheduler_training.task_and_options(
             load_config(list(args.overrides) + extra + ["backend=local"]), args.max_rounds, args.time_weight,
-            args.target_bonus, args.profile, limit_reward=args.limit_reward,
-            limits={k: v for k in ("budgets", "deadlines") if (v := getattr(args, k)) is not None})
+            args.target_bonus, args.profile,
+            limits={k: v for k in ("budgets", "deadlines", "limit_reward") if (v := getattr(args, k)) is not None})
     except ConfigError as err:  # a bad profile file (load_config reports config errors itself)
         flag = "--profile: " if args.profile else ""
         raise CliConfigError(flag + one_line(err)) from err

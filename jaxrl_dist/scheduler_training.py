@@ -18,8 +18,7 @@ from jaxrl_dist.trainers import fused
 
 
 def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bonus: float,
-                     profile=None, scale: Optional[Scale] = None, limit_reward: str = "cost",
-                     limits: Optional[dict] = None):
+                     profile=None, scale: Optional[Scale] = None, limits: Optional[dict] = None):
     """`(task config, SchedOptions)` of a scheduling MDP from the task's config `cfg`
     (`jaxrl-dist scheduler train` composes it with `backend=local`; `bench/scheduler_mdp.py`).
 
@@ -27,8 +26,8 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
     `backend.max_shards`) slots. `profile`: a `Profile`, a profile file, or None
     for the one shipped for `env.id` (else the defaults). `scale`: None for the
     task's return range, `scheduler.min_return`..`max_return` (else 0..target).
-    `limits`: `SchedOptions` fields to override for the budgets and deadlines episodes
-    draw (`budgets`, `deadlines`: `(lo, hi)`).
+    `limits`: `SchedOptions` fields to override for the limits episodes draw and what
+    they earn under one (`budgets`, `deadlines`: `(lo, hi)`; `limit_reward`).
     """
     target = cfg.run.target_return
     if target is None:
@@ -41,7 +40,7 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
     s = cfg.scheduler
     scale = scale or Scale(s.min_return or 0.0, s.max_return or target, max_rounds, M)
     return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale,
-                             limit_reward=limit_reward, **(limits or {}))
+                             **(limits or {}))
 
 
 def scheduler_config(env: SchedulingEnv, num_envs: int, num_steps: int, updates: int,
