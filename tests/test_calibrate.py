@@ -16,7 +16,7 @@ from jaxrl_dist.scheduling import profile as prof
 
 # 4 envs x 32 steps: 128 samples, which any minibatch setting of the cartpole preset divides
 TINY = ["env=cartpole", "backend.envs_per_shard=4", "algo.num_steps=32"]
-FAST = ["--rounds", "3", "--learner-shards", "8", "--repeats", "2"]  # K up to 8: a slope above the noise of a loaded machine
+FAST = ["--rounds", "3", "--learner-shards", "16", "--repeats", "5"]  # K up to 16, medians of 5: a slope above the noise of a loaded machine
 
 
 def run_calibrate(tmp_path, capsys, *args):
