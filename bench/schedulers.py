@@ -37,6 +37,9 @@ fixed count beyond the intervals.
     python bench/schedulers.py --generalist PATH --learned acrobot=PATH2 --resume
                                                          # only the runs whose scheduler file changed run again
     python bench/schedulers.py --quick                   # a smoke run (1 seed, tiny step budget, temp dir)
+    python bench/schedulers.py --tasks cartpole --variants deadline --seeds 8 \
+        --limits-from bench/results/schedulers_progress.json --out OUT
+                                                         # one limit variant alone, more seeds, the same limit
     python bench/schedulers.py --tasks cartpole,hopper --policies max,fixed8,adapt,ramp,learned,cluster \
         --variants none --out bench/results/schedulers_hopper
 
@@ -478,19 +481,19 @@ def run_variant(task: str, variant: str, policies: list, lim: dict, ctx: Ctx) ->
     return runs
 
 
-def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, sink) -> dict:
-    """A task's variants in order (`none` first: the limits come from it); `sink(task, result)`
-    after each variant writes what there is so far."""
+def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, sink, given=None) -> dict:
+    """A task's variants in order (`none` first: the limits come from it, unless `given`
+    holds them); `sink(task, result)` after each variant writes what there is so far."""
     files = {p: scheduler_file(p, task, ctx.files) for p in policies}
     res = {"budget": TASKS[task]["budget"], "overrides": TASKS[task]["overrides"],
            "scheduler_files": {p: {"path": shown(f), "note": n, "sha256": digest(f)}
                                for p, (f, n) in files.items() if f is not None},
            "variants": {}, "plots": []}
-    lims, runs = {"none": {}}, {}
+    lims, runs = {"none": {}, **(given or {})}, {}
     for v in variants:
         runs[v] = run_variant(task, v, policies, lims[v], ctx)
         agg = {p: aggregate(rs, v) for p, rs in runs[v].items()}
-        if v == "none":
+        if v == "none" and not given:
             lims.update(limits(agg, *fracs))
         cmp = compare(agg, v)
         res["variants"][v] = {"limit": lims[v], "compare": cmp, "policies": {
@@ -570,6 +573,9 @@ def parse_args():
                          f"{STAND_IN} preset as a stand-in)")
     ap.add_argument("--learned", action="append", default=[], metavar="TASK=PATH",
                     help="a task's own scheduler file (default: the preset shipped for its env id)")
+    ap.add_argument("--limits-from", metavar="JSON",
+                    help="an earlier OUT.json: each task's budget and deadline as it set them, so a "
+                         "limit variant runs alone (say with more seeds) under the same limits")
     ap.add_argument("--resume", action="store_true", help="reuse the runs cached under OUT/runs/")
     ap.add_argument("--quick", action="store_true", help="one seed, a tiny step budget, a temporary OUT")
     ap.add_argument("--out", default=None, help="default bench/results/schedulers")
@@ -582,12 +588,14 @@ def check_args(args, variants: list, policies: list) -> dict:
     bad = ([f"--tasks: unknown {t!r}" for t in args.tasks.split(",") if t not in TASKS]
            + [f"--policies: unknown {p!r}" for p in policies if p not in POLICIES]
            + [f"--variants: unknown {v!r}" for v in variants if v not in VARIANTS])
-    if any(v != "none" for v in variants) and not fixed_in(dict.fromkeys(policies)):
+    if any(v != "none" for v in variants) and not fixed_in(dict.fromkeys(policies)) and not args.limits_from:
         bad.append("--variants: a budget or deadline is derived from the fixed counts; add some to --policies")
     learned = dict(x.split("=", 1) for x in args.learned if "=" in x)
     bad += [f"--learned: expected TASK=PATH, got {x!r}" for x in args.learned if "=" not in x]
     bad += [f"--learned: unknown task {t!r}" for t in learned if t not in TASKS]
     bad += [f"--learned: no such file {p}" for p in learned.values() if not Path(p).is_file()]
+    if args.limits_from and not Path(args.limits_from).is_file():
+        bad.append(f"--limits-from: no such file {args.limits_from}")
     if not Path(args.generalist).is_file():
         bad.append(f"--generalist: no such file {args.generalist}")
     if bad:
@@ -596,13 +604,27 @@ def check_args(args, variants: list, policies: list) -> dict:
     return {"generalist": args.generalist, "learned": learned}
 
 
+def given_limits(path: str, tasks: list) -> dict:
+    """`{task: {"budget": ..., "deadline": ...}}` as the earlier output `path` set them; one
+    line and exit 2 where it lacks a task or a limit."""
+    saved = json.loads(Path(path).read_text()).get("tasks", {})
+    out = {t: {v: saved[t]["variants"][v]["limit"] for v in STOP if v in saved.get(t, {}).get("variants", {})}
+           for t in tasks}
+    missing = [t for t in tasks if set(out[t]) != set(STOP)]
+    if missing:
+        print(f"error: --limits-from: {path} holds no budget and deadline for {missing[0]!r}", file=sys.stderr)
+        sys.exit(2)
+    return out
+
+
 def main() -> None:
     args = parse_args()
     policies, variants = args.policies.split(","), args.variants.split(",")
-    if any(v != "none" for v in variants) and "none" not in variants:
+    if any(v != "none" for v in variants) and "none" not in variants and not args.limits_from:
         variants.insert(0, "none")  # the limits are derived from the no-limit runs
     variants.sort(key=VARIANTS.index)
     files = check_args(args, variants, policies)
+    given = given_limits(args.limits_from, args.tasks.split(",")) if args.limits_from else {}
     configure_cpu()
     extra = list(args.overrides) + (["algo.total_timesteps=20480"] if args.quick else [])
     # --quick alone writes under a new temporary directory, left for a look, not over the results
@@ -623,7 +645,7 @@ def main() -> None:
         prior = prior_runs(out_path.with_suffix(".json")) if args.resume else {}
         ctx = Ctx(files, extra, Path(tmp), out_path, out["seeds"], args.resume, prior)
         for task in args.tasks.split(","):
-            run_task(task, variants, policies, ctx, (args.budget_frac, args.deadline_frac), sink)
+            run_task(task, variants, policies, ctx, (args.budget_frac, args.deadline_frac), sink, given.get(task))
     print(f"wrote {out_path.with_suffix('.json')}, {out_path.with_suffix('.md')}, PNGs in {out_path}")
 
 
