@@ -70,9 +70,11 @@ def init_runner(setup: Setup, env, seed: int) -> RunnerState:
     S = setup.cfg.num_seeds
     init_key, env_key, run_key = jax.random.split(rng.key(seed), 3)
     init = lambda k: learner.init_train_state(setup.network, setup.tx, env.spec, k)  # noqa: E731
-    # a loop over seeds, not a vmap: XLA:CPU can lose the completion of a program holding
-    # several batched QRs (the orthogonal inits), and never return; the bits are the same
-    train = jax.lax.map(init, jax.random.split(init_key, S))
+    # on CPU a loop over seeds, not a vmap: XLA:CPU can lose the completion of a program
+    # holding several batched QRs (the orthogonal inits), and never return; the bits are
+    # the same. Accelerators keep the batched init (one chunk of all the seeds).
+    batch = None if jax.default_backend() == "cpu" else S
+    train = jax.lax.map(init, jax.random.split(init_key, S), batch_size=batch)
     actor = init_actor(env, env_key, S)
     keys = rng.unwrap(jax.random.split(run_key, S))
     return RunnerState(train, actor, keys, jnp.zeros((), jnp.int32))
