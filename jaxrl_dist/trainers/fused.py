@@ -70,11 +70,14 @@ def init_runner(setup: Setup, env, seed: int) -> RunnerState:
     S = setup.cfg.num_seeds
     init_key, env_key, run_key = jax.random.split(rng.key(seed), 3)
     init = lambda k: learner.init_train_state(setup.network, setup.tx, env.spec, k)  # noqa: E731
-    # on CPU a loop over seeds, not a vmap: XLA:CPU can lose the completion of a program
-    # holding several batched QRs (the orthogonal inits), and never return; the bits are
-    # the same. Accelerators keep the batched init (one chunk of all the seeds).
-    batch = None if jax.default_backend() == "cpu" else S
-    train = jax.lax.map(init, jax.random.split(init_key, S), batch_size=batch)
+    keys = jax.random.split(init_key, S)
+    if isinstance(keys, jax.core.Tracer) and jax.default_backend() == "cpu":
+        # inside a jit on CPU a loop over seeds, not a vmap: XLA:CPU can lose the
+        # completion of a program holding several batched QRs (the orthogonal inits) and
+        # never return. Same bits; called eagerly, the vmap runs op by op, one QR at a time.
+        train = jax.lax.map(init, keys)
+    else:
+        train = jax.vmap(init)(keys)
     actor = init_actor(env, env_key, S)
     keys = rng.unwrap(jax.random.split(run_key, S))
     return RunnerState(train, actor, keys, jnp.zeros((), jnp.int32))
