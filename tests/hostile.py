@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import http.client
 import json
-import math
 import os
 import random
 import socket

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 pytest.importorskip("brax")
 
-from jaxrl_dist.envs import EnvMakeError, make_env, resolve_suite  # noqa: E402
+from jaxrl_dist.envs import make_env, resolve_suite  # noqa: E402
 
 from test_envs import one_line_error, run_steps  # noqa: E402
 
