@@ -184,17 +184,15 @@ def test_chunk_size_divides_and_lands_near_the_log_chunks(updates, log_chunks, e
 MANY_SEEDS_INIT = """
 import jax, numpy as np
 from jaxrl_dist.config import AlgoConfig, Config
-from jaxrl_dist.core import learner, rng
 from jaxrl_dist.envs import make_env
 from jaxrl_dist.trainers import fused
 cfg = Config(algo=AlgoConfig(total_timesteps=512 * 6, hidden_sizes=(256, 256)), num_seeds=8)
 env = make_env(cfg.env.id, 16)
 setup = fused.make_setup(cfg, env.spec)
 runner = jax.jit(lambda: fused.init_runner(setup, env, 0))()
-init_key = jax.random.split(rng.key(0), 3)[0]
-last = learner.init_train_state(setup.network, setup.tx, env.spec, jax.random.split(init_key, 8)[7])
-same = all(np.array_equal(np.asarray(a)[7], np.asarray(b))
-           for a, b in zip(jax.tree.leaves(runner.train.params), jax.tree.leaves(last.params)))
+eager = fused.init_runner(setup, env, 0)  # the vmap, op by op
+same = all(np.array_equal(np.asarray(a), np.asarray(b))
+           for a, b in zip(jax.tree.leaves(runner.train.params), jax.tree.leaves(eager.train.params)))
 print("same" if same else "differs")
 """
 
@@ -205,4 +203,4 @@ def test_a_jitted_initial_state_of_many_seeds_comes_back():
     out = subprocess.run([sys.executable, "-c", MANY_SEEDS_INIT], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "same"  # seed 7's params are its own init's
+    assert out.stdout.split()[-1] == "same"  # every seed's params are the eager init's
