@@ -38,9 +38,11 @@ from jaxrl_dist.scheduling import learned, mdp  # noqa: E402
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
 
-def make_env(overrides: list, opts, episodes: int) -> mdp.SchedulingEnv:
+def make_env(overrides: list, opts, episodes: int, init) -> mdp.SchedulingEnv:
+    """The task's MDP with the features `init` reads (scratch training sees the same)."""
     cfg, sched = scheduler_training.task_and_options(load_config(overrides + ["backend=local"]), opts.max_rounds, opts.time_weight, 10.0)
-    return mdp.SchedulingEnv(cfg, cfg.cost, sched, episodes)
+    return mdp.SchedulingEnv(cfg, cfg.cost, sched._replace(features=scheduler_training.features_for(None, init)),
+                             episodes)
 
 
 def timed_training(env, updates: int, seed: int, recipe, init=None) -> tuple:
@@ -99,10 +101,10 @@ def main() -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_finetune.json"))
     opts = p.parse_args()
     configure_cpu()
-    env = make_env(opts.overrides, opts, opts.episodes)
-    evaluation = make_env(opts.overrides, opts, opts.eval_episodes)  # one for every score
-    recipe = scheduler_training.Recipe(epochs=opts.epochs, lr=opts.lr)
     init = learned.load(opts.init_from)
+    env = make_env(opts.overrides, opts, opts.episodes, init)
+    evaluation = make_env(opts.overrides, opts, opts.eval_episodes, init)  # one for every score
+    recipe = scheduler_training.Recipe(epochs=opts.epochs, lr=opts.lr)
     seeds = [one_seed(int(x), env, evaluation, opts, recipe, init) for x in opts.seeds.split(",")]
     for r in seeds:
         print(f"seed {r['seed']}: reached the scratch score at {r['reached_scratch_at']}")

@@ -44,6 +44,7 @@ def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: b
         profile.Profile(**entry["profile"]) if entry else None, learned.scale_for(trained, full))
     if not limits:
         opts = opts._replace(budgets=(0.0, 0.0), deadlines=(0.0, 0.0))
+    opts = opts._replace(features=mdp.FEATURES)  # every feature: each policy picks its own (`greedy`)
     return mdp.SchedulingEnv(cfg, cfg.cost, opts, episodes)
 
 
@@ -53,7 +54,7 @@ def play(env, choose, seed: int) -> dict:
     step = jax.jit(env.step)
     state, obs = env.reset(jax.random.key(seed))
     total, rounds, ended, reached, ns = np.zeros(E), np.zeros(E), np.zeros(E, bool), np.zeros(E, bool), []
-    limited = np.zeros(E, bool)
+    limited, ret_col = np.zeros(E, bool), env.opts.features.index("return")
     for t in range(env.opts.max_rounds):
         action = choose(obs)
         ns.append(np.asarray(action)[~ended] + 1)
@@ -62,7 +63,7 @@ def play(env, choose, seed: int) -> dict:
         total += np.where(live, np.asarray(out.reward), 0.0)
         rounds += live
         # an episode also ends, terminated, before a round past its limit: reached only at the target
-        at_target = np.asarray(out.final_obs[:, RETURN]) >= target_feature(env) - 1e-6
+        at_target = np.asarray(out.final_obs[:, ret_col]) >= target_feature(env) - 1e-6
         reached |= live & np.asarray(out.terminated) & at_target
         limited |= live & np.asarray(out.terminated) & ~at_target
         ended |= np.asarray(out.terminated | out.truncated)
@@ -74,9 +75,6 @@ def play(env, choose, seed: int) -> dict:
             "mean_n": float(np.concatenate(ns).mean())}
 
 
-RETURN = mdp.FEATURES.index("return")
-
-
 def target_feature(env: mdp.SchedulingEnv) -> float:
     """The `return` feature's value at the target return."""
     s = env.opts.scale
@@ -84,8 +82,9 @@ def target_feature(env: mdp.SchedulingEnv) -> float:
 
 
 def greedy(trained: learned.Trained, env: mdp.SchedulingEnv):
-    """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax over its own features."""
-    cols = jnp.asarray(learned.columns(trained))
+    """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax over its own features
+    (found by name among those `env` gives)."""
+    cols = jnp.asarray([env.opts.features.index(f) for f in trained.meta["features"]])
     spec = env.spec._replace(obs_shape=(len(cols),))
     net = make_network(spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
     params = jax.tree.map(jnp.asarray, trained.params)

@@ -275,6 +275,10 @@ def _scheduler_parser(sub) -> None:
     train.add_argument("--limit-reward", choices=("cost", "progress"), default="cost",
                        help="episodes under a budget or deadline: priced per round as the others "
                        "(cost), or rewarded only for the progress they end with (progress)")
+    train.add_argument("--features", metavar="base|all|A,B",
+                       help="what the scheduler sees: base (the default), all (base plus budget_rounds and "
+                            "time_rounds: what is left of a limit in rounds at the most shards, so a tight "
+                            "and a loose budget look different from the first round), or names")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--task", action="append", default=[], metavar="'KEY=VALUE ...'",
                        help="one task of a scheduler trained over several (repeat it): its own "
@@ -361,17 +365,28 @@ def _scheduler_train(args) -> int:
     from jaxrl_dist.scheduling import mdp
 
     tasks = [_scheduler_task(args, t.split()) for t in args.task or [""]]
-    _prepare_jax()
-    envs = [mdp.SchedulingEnv(cfg, cfg.cost, opts, args.episodes) for cfg, opts in tasks]
     init_from = args.init_from or tasks[0][0].scheduler.init_from
     if init_from and not Path(init_from).is_file():
         raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
     init = learned.load(init_from) if init_from else None
+    seen = _scheduler_features(args.features, init)
+    _prepare_jax()
+    envs = [mdp.SchedulingEnv(cfg, cfg.cost, opts._replace(features=seen), args.episodes) for cfg, opts in tasks]
     recipe = scheduler_training.Recipe(epochs=args.epochs, lr=args.lr)
     trained = scheduler_training.train_scheduler(envs, args.rollout, args.updates, args.seed, init,
                                                  recipe=recipe)
     print(f"wrote {learned.save(trained, args.out)}")
     return 0
+
+
+def _scheduler_features(given, init) -> tuple:
+    from jaxrl_dist import scheduler_training
+    from jaxrl_dist.config import ConfigError
+
+    try:
+        return scheduler_training.features_for(given, init)
+    except ConfigError as err:
+        raise CliConfigError(one_line(err)) from err
 
 
 def _scheduler_task(args, extra: list) -> tuple:

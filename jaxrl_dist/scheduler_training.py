@@ -12,7 +12,7 @@ import numpy as np
 from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig
 from jaxrl_dist.scheduling import learned
 from jaxrl_dist.scheduling.learned import Trained
-from jaxrl_dist.scheduling.mdp import FEATURES, Scale, SchedOptions, SchedulingEnv
+from jaxrl_dist.scheduling.mdp import BASE_FEATURES, FEATURES, Scale, SchedOptions, SchedulingEnv
 from jaxrl_dist.scheduling.profile import Profile, load_profile, profile_file
 from jaxrl_dist.trainers import fused
 
@@ -41,6 +41,21 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
     scale = scale or Scale(s.min_return or 0.0, s.max_return or target, max_rounds, M)
     return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale,
                              **(limits or {}))
+
+
+def features_for(given: Optional[str], init=None) -> tuple:
+    """The feature names a scheduler trains on: `given` is "base", "all" or names,
+    comma-separated (`scheduler train --features`); None gives the base set, and when
+    fine-tuning from `init`, whatever more that file reads (each in `FEATURES`' order)."""
+    if given is None:
+        more = set(init.meta.get("features") or ()) if init is not None else set()
+        return tuple(f for f in FEATURES if f in BASE_FEATURES or f in more)
+    names = {"base": BASE_FEATURES, "all": FEATURES}.get(given) or tuple(given.split(","))
+    unknown = [f for f in names if f not in FEATURES]
+    if unknown:
+        raise ConfigError(f"--features: {', '.join(unknown)} unknown; choose from {', '.join(FEATURES)}, "
+                          f"or base / all")
+    return tuple(names)
 
 
 def scheduler_config(env: SchedulingEnv, num_envs: int, num_steps: int, updates: int,
@@ -78,8 +93,8 @@ def train_scheduler(envs, num_steps: int, updates: int, seed: int = 0, init_from
     steps = [fused.make_train_chunk(setup, env, chunk) for env in envs]
     runners = [fused.init_runner(setup, env, seed + i) for i, env in enumerate(envs)]
     train = runners[0].train
-    if init_from is not None:  # a file of fewer features starts as the same policy over all
-        init_from = learned.widen(init_from)
+    if init_from is not None:  # a file of fewer features starts as the same policy over the task's
+        init_from = learned.widen(init_from, envs[0].opts.features)
         train = train.replace(params=jax.tree.map(lambda x: jnp.asarray(x)[None], init_from.params))
     for k, u in enumerate(range(0, updates, chunk)):
         i = k % len(envs)
@@ -103,6 +118,9 @@ def check_tasks(envs: list, init_from) -> None:
         if env.opts.max_shards != M or env.num_envs != envs[0].num_envs:
             raise ConfigError(f"scheduler.max_shards: every task of one scheduler chooses from 1..{M} "
                               f"shards; {env.task_cfg.env.id} has {env.opts.max_shards}")
+        if env.opts.features != envs[0].opts.features:
+            raise ConfigError(f"--features: every task of one scheduler sees the same features; "
+                              f"{env.task_cfg.env.id} sees {', '.join(env.opts.features)}")
 
 
 def _task_meta(env: SchedulingEnv) -> dict:
@@ -119,7 +137,7 @@ def _meta(envs: list, cfg) -> dict:
             "cost": dataclasses.asdict(envs[0].cost_cfg), "max_shards": o.max_shards,
             "time_weight": o.time_weight, "target_bonus": o.target_bonus, "limit_reward": o.limit_reward,
             "budgets": list(o.budgets), "deadlines": list(o.deadlines), "no_limit": o.no_limit,
-            "features": list(FEATURES), "hidden_sizes": list(cfg.algo.hidden_sizes),
+            "features": list(o.features), "hidden_sizes": list(cfg.algo.hidden_sizes),
             "activation": cfg.algo.activation,
             "recipe": {"epochs": cfg.algo.update_epochs, "minibatches": cfg.algo.num_minibatches,
                        "lr": cfg.algo.lr, "ent_coef": cfg.algo.ent_coef}}

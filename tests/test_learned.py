@@ -96,7 +96,7 @@ def test_a_round_rolls_out_only_its_bucket_and_matches_the_padded_round():
 def test_rounds_cost_time_and_money_and_episodes_end():
     env = make_env(target=-1.0, max_rounds=2)  # any return reaches the target
     state, obs = env.reset(jax.random.key(0))
-    assert obs.shape == (2, len(mdp.FEATURES)) and np.isfinite(np.asarray(obs)).all()
+    assert obs.shape == (2, len(mdp.BASE_FEATURES)) and np.isfinite(np.asarray(obs)).all()
     state, out = jax.jit(env.step)(state, jnp.array([0, 1]), jax.random.key(1))
     assert bool(out.terminated.all()) and not bool(out.truncated.any())
     # reward = -(w * s / ref_s + (1 - w) * usd / ref_usd) + bonus; two shards cost more
@@ -119,7 +119,7 @@ def test_trained_scheduler_round_trips_and_drives_a_run(trained, tmp_path):
     from jaxrl_dist.trainers.runner import train
 
     loaded = learned.load(trained)
-    assert loaded.meta["max_shards"] == M and loaded.meta["features"] == list(mdp.FEATURES)
+    assert loaded.meta["max_shards"] == M and loaded.meta["features"] == list(mdp.BASE_FEATURES)
     act = learned.policy(loaded)
     scale = mdp.Scale(**loaded.meta["scale"])
     x = np.asarray(mdp.features(mdp.obs_from_records([], scale), scale, np))
@@ -203,7 +203,7 @@ def test_features_from_records_hand_checked():
     f = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records(history, scale), scale, np)))
     want = {"round_frac": 2 / 60, "loss": 0.0, "return": 0.2, "approx_kl": 0.0, "learn_frac": 0.25,
             "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "time_left": 1.0,
-            "n_frac": 0.25}
+            "n_frac": 0.25, "budget_rounds": 1.0, "time_rounds": 1.0}
     assert f == pytest.approx(want)
 
 
@@ -268,6 +268,35 @@ def test_limits_end_episodes_and_their_features_move():
     assert np.isinf(np.asarray(state.budget)).all() and np.isinf(np.asarray(state.deadline)).all()
 
 
+def test_absolute_limits_tell_a_tight_budget_from_a_loose_one_from_the_first_round(tmp_path, capsys):
+    """`budget_left` starts at 1.0 under any budget; `budget_rounds` starts at the budget's
+    share of `max_rounds` rounds at M shards (here 0.3 and 0.9), the same in the MDP and
+    in a live run with that budget, and falls as rounds spend it. Without a limit it is 1."""
+    from jaxrl_dist import cli
+
+    envs = [make_env(budgets=(b, b), deadlines=(0.9, 0.9), no_limit=0.0) for b in (0.3, 0.9)]
+    envs = [mdp.SchedulingEnv(e.task_cfg, e.cost_cfg, e.opts._replace(features=mdp.FEATURES), 2) for e in envs]
+    for env, want in zip(envs, (0.3, 0.9)):
+        scale = env.opts.scale
+        assert (scale.ref_s, scale.ref_usd) == pytest.approx(env.ref)
+        state, obs = env.reset(jax.random.key(0))
+        f = dict(zip(env.opts.features, np.asarray(obs).T))
+        assert f["budget_left"] == pytest.approx([1.0, 1.0]) and f["budget_rounds"] == pytest.approx([want] * 2)
+        assert f["time_rounds"] == pytest.approx([0.9, 0.9])
+        budget = want * scale.ref_usd * scale.max_rounds  # the same budget in a live run
+        live = cost.run_left(from_dict({"run": {"budget_usd": budget}}).run, 0.0, 0.0)
+        x = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records([], scale, live), scale, np)))
+        assert x["budget_rounds"] == pytest.approx(want) and x["time_rounds"] == 1.0
+        _, out = jax.jit(env.step)(state, jnp.array([0, 0]), jax.random.key(1))
+        after = dict(zip(env.opts.features, np.asarray(out.obs).T))
+        assert not np.asarray(out.episode_end).any()
+        assert (after["budget_rounds"] < want).all() and (after["time_rounds"] < 0.9).all()
+    code = cli.main(["scheduler", "train", "env=cartpole", "--features", "budget_rounds,cpu_load",
+                     "--out", str(tmp_path / "s.msgpack")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: --features: cpu_load unknown")
+
+
 def test_a_scheduler_of_another_feature_set_or_shard_range_is_refused(trained, tmp_path):
     """One line naming the file and the mismatch (the CLI prints it and exits 2)."""
     from jaxrl_dist.config import ConfigError
@@ -304,8 +333,8 @@ def test_a_scheduler_trained_on_fewer_features_reads_its_own_by_name(trained, tm
     from jaxrl_dist.scheduling.schedulers import make_scheduler
 
     new = learned.load(trained)
-    t = mdp.FEATURES.index("time_left")
-    names = [f for f in mdp.FEATURES if f != "time_left"]
+    t = new.meta["features"].index("time_left")
+    names = [f for f in new.meta["features"] if f != "time_left"]
     meta = {k: v for k, v in new.meta.items() if k not in ("budgets", "deadlines", "no_limit")}
     old = learned.Trained(_first_rows(new.params, lambda k: np.delete(k, t, 0)), {**meta, "features": names})
     zeroed = learned.Trained(_first_rows(new.params, lambda k: np.where(np.arange(len(k))[:, None] == t, 0.0, k)),
@@ -319,7 +348,7 @@ def test_a_scheduler_trained_on_fewer_features_reads_its_own_by_name(trained, tm
     for _ in range(20):
         x = rng_.uniform(-1.0, 1.0, len(mdp.FEATURES)).astype(np.float32)
         assert sched.act(x) == act(x)
-    widened = learned.widen(old)  # the start of a fine-tune: the zeroed network itself
-    assert widened.meta["features"] == list(mdp.FEATURES)
+    widened = learned.widen(old, new.meta["features"])  # the start of a fine-tune: the zeroed network itself
+    assert widened.meta["features"] == new.meta["features"]
     same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), widened.params, zeroed.params)
     assert all(jax.tree.leaves(same))

@@ -67,6 +67,8 @@ class Left(NamedTuple):
 
     budget: float = 1.0  # of run.budget_usd
     time: float = 1.0  # of run.deadline_s
+    usd: float = float("inf")  # dollars left of run.budget_usd (inf: none)
+    seconds: float = float("inf")  # modeled seconds left of run.deadline_s (inf: none)
 
 
 def left_fraction(spent, limit, xp=np):
@@ -82,7 +84,10 @@ def left_fraction(spent, limit, xp=np):
 
 def run_left(run_cfg, modeled_s: float, usd: float) -> Left:
     """A live run's `Left` from its modeled seconds and dollars so far."""
-    return Left(float(left_fraction(usd, run_cfg.budget_usd)), float(left_fraction(modeled_s, run_cfg.deadline_s)))
+    budget, deadline = run_cfg.budget_usd, run_cfg.deadline_s
+    return Left(float(left_fraction(usd, budget)), float(left_fraction(modeled_s, deadline)),
+                float("inf") if budget is None else max(budget - usd, 0.0),
+                float("inf") if deadline is None else max(deadline - modeled_s, 0.0))
 
 
 def billed_seconds(cfg, seconds, xp=np):

@@ -46,25 +46,30 @@ def columns(trained: Trained) -> np.ndarray:
     """Where the features the scheduler was trained on sit in `FEATURES`, in its order."""
     return np.asarray([FEATURES.index(f) for f in trained.meta["features"]], np.int32)
 
-def widen(trained: Trained) -> Trained:
-    """The same policy over all of `FEATURES`, to fine-tune a file trained on fewer: each
-    input layer gets zero weights for the features it never saw, so every output
-    stays what it was until training moves them."""
-    names = trained.meta["features"]
-    if list(names) == list(FEATURES):
+def widen(trained: Trained, to=FEATURES) -> Trained:
+    """The same policy over the features `to` (names of `FEATURES`, a superset of the
+    file's), to fine-tune a file trained on fewer: each input layer gets zero weights
+    for the features it never saw, so every output stays what it was until training
+    moves them."""
+    names, to = trained.meta["features"], list(to)
+    if list(names) == to:
         return trained
-    cols = columns(trained)
+    missing = [f for f in names if f not in to]
+    if missing:
+        raise ConfigError(f"scheduler.init_from: that scheduler reads {', '.join(missing)}, which this "
+                          f"training leaves out (--features)")
+    cols = np.asarray([to.index(f) for f in names], np.int32)
 
     def grow(path, x):
         x = np.asarray(x)
         if [getattr(k, "key", None) for k in path[-2:]] != ["Dense_0", "kernel"] or x.shape[0] != len(names):
             return x
-        out = np.zeros((len(FEATURES),) + x.shape[1:], x.dtype)
+        out = np.zeros((len(to),) + x.shape[1:], x.dtype)
         out[cols] = x
         return out
 
     params = jax.tree_util.tree_map_with_path(grow, trained.params)
-    return Trained(params, {**trained.meta, "features": list(FEATURES)})
+    return Trained(params, {**trained.meta, "features": to})
 
 
 def policy(trained: Trained):

@@ -54,7 +54,11 @@ from jaxrl_dist.scheduling.profile import Profile
 from jaxrl_dist.scheduling.target import TARGET_ROUNDS, recent_return
 
 FEATURES = ("round_frac", "loss", "return", "approx_kl", "learn_frac", "actor_frac",
-            "round_s", "budget_left", "time_left", "n_frac")
+            "round_s", "budget_left", "time_left", "n_frac", "budget_rounds", "time_rounds")
+# what the MDP feeds a scheduler unless told otherwise (`SchedOptions.features`); the
+# absolute limits (`budget_rounds`, `time_rounds`) are opt-in, so earlier recipes and
+# their digests are unchanged
+BASE_FEATURES = FEATURES[:10]
 
 class Scale(NamedTuple):
     """Per-task normalisers of the features, fixed when the scheduler is trained."""
@@ -63,6 +67,11 @@ class Scale(NamedTuple):
     return_hi: float
     max_rounds: int
     max_shards: int
+    # one warm round at `max_shards` on the task's profile and cost preset (the MDP's
+    # reward units, `SchedulingEnv.ref`): the unit of `budget_rounds` / `time_rounds`;
+    # 0 in files trained before them (such files never read those features)
+    ref_usd: float = 0.0
+    ref_s: float = 0.0
 
 class RoundObs(NamedTuple):
     """The raw per-round quantities a scheduler sees (scalars; numpy or jnp)."""
@@ -77,9 +86,19 @@ class RoundObs(NamedTuple):
     budget_left: Any
     time_left: Any
     n: Any
+    usd_left: Any = float("inf")  # dollars left of the budget (inf: none)
+    s_left: Any = float("inf")  # modeled seconds left before the deadline (inf: none)
+
+def rounds_left(left, ref: float, s: Scale, xp=jnp):
+    """What is left of a limit as the share of `max_rounds` rounds at `max_shards` it
+    still pays for, in [0, 1] (1 without a limit). `budget_left` says how much of the
+    run's own limit is spent, the same 1.0 at the start of a tight and a loose run; this
+    says how tight it is, from the first round."""
+    return xp.clip(left / max(ref * s.max_rounds, 1e-12), 0.0, 1.0)
 
 def features(o: RoundObs, s: Scale, xp=jnp):
-    """`[F]` float32, each roughly in [0, 1] or [-1, 1], so one network moves between tasks."""
+    """`[len(FEATURES)]` float32, each roughly in [0, 1] or [-1, 1], so one network moves
+    between tasks."""
     span = max(s.return_hi - s.return_lo, 1e-6)
     t = xp.maximum(o.round_s, 1e-6)
     return xp.stack([
@@ -93,18 +112,21 @@ def features(o: RoundObs, s: Scale, xp=jnp):
         xp.clip(o.budget_left, 0.0, 1.0),
         xp.clip(o.time_left, 0.0, 1.0),
         o.n / s.max_shards,
+        rounds_left(o.usd_left, s.ref_usd, s, xp),
+        rounds_left(o.s_left, s.ref_s, s, xp),
     ]).astype(xp.float32)
 
 def obs_from_records(history: list, s: Scale, left: Left = Left()) -> RoundObs:
     """The latest round's `RoundObs` from the round trainer's records (zeros before any)."""
     if not history:
-        return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, left.budget, left.time, 0.0)
+        return RoundObs(0.0, 0.0, s.return_lo, 0.0, 0.0, 0.0, 0.0, left.budget, left.time, 0.0,
+                        left.usd, left.seconds)
     last = history[-1]
     ret = next((r.return_recent for r in reversed(history) if r.return_recent is not None),
                s.return_lo)
     return RoundObs(float(len(history)), last.losses.get("loss") or 0.0, ret,
                     last.losses.get("approx_kl") or 0.0, last.learn_s, last.busy_s or 0.0, last.round_s,
-                    left.budget, left.time, float(last.num_shards))
+                    left.budget, left.time, float(last.num_shards), left.usd, left.seconds)
 
 def progress(ret, s: Scale):
     """The share of the scale's return range `ret` has reached, in [0, 1]."""
@@ -148,6 +170,7 @@ class SchedOptions(NamedTuple):
     # limit earns only what it ends with (progress at the cut, or the target's bonus), as
     # a run whose budget or deadline is fixed is judged by its return at the limit
     limit_reward: str = "cost"
+    features: tuple = BASE_FEATURES  # the names of `FEATURES` the scheduler sees, in that order
 
 class SchedulingEnv:
     """`num_envs` parallel training runs of one task; the action is the next round's `n - 1`.
@@ -170,10 +193,17 @@ class SchedulingEnv:
         self.learner = make_learner(task_cfg, self.program.network, self.program.env.spec, M / 2)
         self.buckets = shard_buckets(M)
         self.round_bodies = [make_round_body(self.program, b) for b in self.buckets]
-        self.spec = EnvSpec(f"scheduler/{task_cfg.env.id}", "gymnax", (len(FEATURES),), jnp.float32,
+        unknown = [f for f in opts.features if f not in FEATURES]
+        if unknown or not opts.features:
+            raise ConfigError(f"--features: {', '.join(unknown) or 'none given'}; a scheduler sees some of "
+                              f"{', '.join(FEATURES)}")
+        self.cols = np.asarray([FEATURES.index(f) for f in opts.features], np.int32)
+        self.spec = EnvSpec(f"scheduler/{task_cfg.env.id}", "gymnax", (len(self.cols),), jnp.float32,
                             True, M)
         self.steps_per_shard = task_cfg.backend.envs_per_shard * task_cfg.algo.num_steps
         self.ref = self._reference()
+        # the scale carries the units of the absolute limit features, and the file keeps them
+        self.opts = opts._replace(scale=opts.scale._replace(ref_s=self.ref[0], ref_usd=self.ref[1]))
 
     def _reference(self) -> tuple:
         """Seconds and dollars of one warm round at `M` shards: the reward's units."""
@@ -199,16 +229,24 @@ class SchedulingEnv:
         table = jax.vmap(lambda k: self.program.init_slot(k))(jax.random.split(k_slots, M))
         clock = cost.SlotClock(jnp.zeros(()), jnp.full((M,), -jnp.inf, jnp.float32))  # strong-typed, as a step returns it
         s = self.opts.scale
-        obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
-            ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()), time_left=jnp.ones(()))
-        window = jnp.zeros((TARGET_ROUNDS,))
         budget = self._limit(k_budget, self.opts.budgets, self.ref[1])
         deadline = self._limit(k_deadline, self.opts.deadlines, self.ref[0])
-        return Inner(train, table, clock, jnp.zeros(()), budget, deadline, obs, k_next, window, window)
+        usd = jnp.zeros(())
+        # what is left is computed, not the limit itself: one buffer twice in the
+        # runner state could not be donated
+        obs = RoundObs(*(jnp.zeros(()) for _ in RoundObs._fields))._replace(
+            ret=jnp.asarray(s.return_lo, jnp.float32), budget_left=jnp.ones(()), time_left=jnp.ones(()),
+            usd_left=budget - usd, s_left=deadline - clock.now)
+        window = jnp.zeros((TARGET_ROUNDS,))
+        return Inner(train, table, clock, usd, budget, deadline, obs, k_next, window, window)
 
     def reset(self, key):
         inner = jax.vmap(self._init_one)(jax.random.split(key, self.num_envs))
-        return inner, jax.vmap(lambda o: features(o, self.opts.scale))(inner.obs)
+        return inner, jax.vmap(self._features)(inner.obs)
+
+    def _features(self, o: RoundObs):
+        """The features this scheduler sees (`opts.features`) of one episode's `o`."""
+        return features(o, self.opts.scale)[self.cols]
 
     def _round(self, inner: Inner, n):
         """One task round of `n` shards on the modeled clock: `(inner, RoundCost, return)`."""
@@ -231,7 +269,7 @@ class SchedulingEnv:
         obs = RoundObs(inner.obs.round + 1, m["loss"], ret, m["approx_kl"], learn_s,
                        jnp.max(jnp.where(jnp.arange(M) < n, shard_s, 0.0)), rc.modeled_s,
                        left_fraction(usd, inner.budget, jnp), left_fraction(clock.now, inner.deadline, jnp),
-                       n.astype(jnp.float32))
+                       n.astype(jnp.float32), inner.budget - usd, inner.deadline - clock.now)
         new = Inner(train, table, clock, usd, inner.budget, inner.deadline, obs, key, sums, counts)
         return new, rc, ret
 
@@ -269,11 +307,11 @@ class SchedulingEnv:
             reward = jnp.where(jnp.isfinite(inner.budget) | jnp.isfinite(inner.deadline), 0.0, reward)
         reward = jnp.where(over, o.target_bonus * progress(inner.obs.ret, s), reward)
         reward = reward + jnp.where(reached, o.target_bonus, 0.0)
-        final = features(jax.tree.map(lambda a, b: jnp.where(over, a, b), inner.obs, new.obs), s)
+        final = self._features(jax.tree.map(lambda a, b: jnp.where(over, a, b), inner.obs, new.obs))
         done = reached | truncated | over
         fresh = self._init_one(key)
         nxt = jax.tree.map(lambda a, b: jnp.where(done, a, b), fresh, new)
-        out = StepOut(features(nxt.obs, s), final, reward.astype(jnp.float32), reached | over, truncated,
+        out = StepOut(self._features(nxt.obs), final, reward.astype(jnp.float32), reached | over, truncated,
                       jnp.ones((), bool), reward.astype(jnp.float32), done)
         return nxt, out
 
