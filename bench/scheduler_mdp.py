@@ -29,7 +29,7 @@ from jaxrl_dist.core.networks import make_network  # noqa: E402
 
 
 def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: bool,
-             task: str | None = None) -> mdp.SchedulingEnv:
+             task: str | None = None, budget: float | None = None) -> mdp.SchedulingEnv:
     """The MDP the scheduler was trained on for `task` (default: its first task), or,
     for a task outside its set, that task's MDP (`overrides` give its config) on the
     scale a live run would use; `limits`: its episodes draw budgets and deadlines as
@@ -44,6 +44,9 @@ def make_env(trained: learned.Trained, overrides: list, episodes: int, limits: b
         profile.Profile(**entry["profile"]) if entry else None, learned.scale_for(trained, full))
     if not limits:
         opts = opts._replace(budgets=(0.0, 0.0), deadlines=(0.0, 0.0))
+    if budget is not None:  # every episode the same budget, no deadline
+        opts = opts._replace(budgets=(budget, budget), deadlines=(0.0, 0.0), no_limit=0.0,
+                             limit_reward="progress")
     opts = opts._replace(features=mdp.FEATURES)  # every feature: each policy picks its own (`greedy`)
     return mdp.SchedulingEnv(cfg, cfg.cost, opts, episodes)
 
@@ -91,6 +94,17 @@ def greedy(trained: learned.Trained, env: mdp.SchedulingEnv):
     return jax.jit(lambda o: jnp.argmax(net.apply(params, o[:, cols]).logits, -1))
 
 
+def plan(spec: str, env: mdp.SchedulingEnv):
+    """`choose` for a hand-written schedule: "4x5,2" runs 4 shards for 5 rounds, then 2
+    (the last entry repeats); the round comes from the `round_frac` feature."""
+    ns = []
+    for part in spec.split(","):
+        n, _, times = part.partition("x")
+        ns += [int(n)] * int(times or 1)
+    ns, col, R = jnp.asarray(ns), env.opts.features.index("round_frac"), env.opts.scale.max_rounds
+    return lambda o: ns[jnp.minimum(jnp.round(o[:, col] * R).astype(jnp.int32), len(ns) - 1)] - 1
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("scheduler", help="a trained scheduler file")
@@ -103,22 +117,30 @@ def main() -> None:
                    help="only the scheduler (the fixed rows depend on the MDP and --seed alone)")
     p.add_argument("--limits", action="store_true",
                    help="episodes draw budgets and deadlines (default: none, the MDP before limits)")
+    p.add_argument("--budget", type=float, metavar="X",
+                   help="every episode has a budget of X x max_rounds reference rounds, no deadline, and "
+                        "earns its progress at the cut (--limit-reward progress)")
+    p.add_argument("--plan", action="append", default=[], metavar="SPEC",
+                   help="a hand-written schedule to play too: N or NxK entries, comma-separated, the last "
+                        "repeating (4x5,2: 4 shards for 5 rounds, then 2)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_mdp.json"))
     opts = p.parse_args()
     trained = learned.load(opts.scheduler)
-    env = make_env(trained, opts.overrides, opts.episodes, opts.limits, opts.task)
+    env = make_env(trained, opts.overrides, opts.episodes, opts.limits, opts.task, opts.budget)
     M = env.opts.max_shards
     policies = {"learned": greedy(trained, env)}
     for n in sorted({1, 2, max(1, M // 2), M}) if not opts.learned_only else ():
         policies[f"fixed {n}"] = lambda o, n=n: jnp.full((env.num_envs,), n - 1)
+    policies.update({f"plan {spec}": plan(spec, env) for spec in opts.plan})
     rows = {}
     for name, choose in policies.items():
         rows[name] = play(env, choose, opts.seed)
         r = rows[name]
-        print(f"{name:10s} return {r['return_mean']:8.2f} +- {r['return_std']:.2f}  reached "
+        print(f"{name:14s} return {r['return_mean']:8.2f} +- {r['return_std']:.2f}  reached "
               f"{r['reached']:.2f}  limited {r['limited']:.2f}  rounds {r['rounds']:.1f}  mean n {r['mean_n']:.2f}", flush=True)
     write_json(opts.out, {"meta": machine_info(), "scheduler": opts.scheduler, "task": env.task_cfg.env.id,
                           "trained": trained.meta, "episodes": opts.episodes, "limits": opts.limits,
+                          "budget": opts.budget,
                           "rows": rows})
 
 
