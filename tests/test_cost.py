@@ -222,10 +222,12 @@ def test_limits_are_checked_before_the_round_that_would_pass_them():
     assert over_limit(RunConfig(budget_usd=spent + 0.99 * usd), account, 2) == "budget_usd"
     assert over_limit(RunConfig(deadline_s=now + 1.01 * seconds), account, 2) is None
     assert over_limit(RunConfig(deadline_s=now + 0.99 * seconds), account, 2) == "deadline_s"
-    assert cost.run_left(RunConfig(budget_usd=4 * spent, deadline_s=2 * now), now, spent) == \
-        pytest.approx(cost.Left(0.75, 0.5))
-    assert cost.run_left(RunConfig(), now, spent) == cost.Left(1.0, 1.0)  # no limits: all left
-    assert cost.run_left(RunConfig(budget_usd=spent / 2), now, spent).budget == 0.0  # clipped
+    # the shares left, then the dollars and seconds left (what `budget_rounds` reads)
+    assert tuple(cost.run_left(RunConfig(budget_usd=4 * spent, deadline_s=2 * now), now, spent)) == \
+        pytest.approx((0.75, 0.5, 3 * spent, now))
+    assert cost.run_left(RunConfig(), now, spent) == cost.Left(1.0, 1.0, np.inf, np.inf)  # no limits: all left
+    over = cost.run_left(RunConfig(budget_usd=spent / 2), now, spent)
+    assert (over.budget, over.usd) == (0.0, 0.0)  # clipped
 
 
 @pytest.mark.slow
