@@ -87,7 +87,7 @@ def target_feature(env: mdp.SchedulingEnv) -> float:
 def greedy(trained: learned.Trained, env: mdp.SchedulingEnv):
     """`choose(obs[E, F]) -> actions[E]`: the trained policy's argmax over its own features
     (found by name among those `env` gives)."""
-    cols = jnp.asarray([env.opts.features.index(f) for f in trained.meta["features"]])
+    cols = jnp.asarray(mdp.feature_columns(trained.meta["features"], env.opts.features))
     spec = env.spec._replace(obs_shape=(len(cols),))
     net = make_network(spec, "mlp", tuple(trained.meta["hidden_sizes"]), trained.meta["activation"])
     params = jax.tree.map(jnp.asarray, trained.params)

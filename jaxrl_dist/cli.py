@@ -362,6 +362,7 @@ def _scheduler_train(args) -> int:
     """`jaxrl-dist scheduler train`: each task's config from the overrides, then PPO."""
     from jaxrl_dist.scheduling import learned
     from jaxrl_dist import scheduler_training
+    from jaxrl_dist.config import ConfigError
     from jaxrl_dist.scheduling import mdp
 
     tasks = [_scheduler_task(args, t.split()) for t in args.task or [""]]
@@ -369,7 +370,10 @@ def _scheduler_train(args) -> int:
     if init_from and not Path(init_from).is_file():
         raise CliConfigError(f"scheduler.init_from: no such file {init_from}")
     init = learned.load(init_from) if init_from else None
-    seen = _scheduler_features(args.features, init)
+    try:
+        seen = scheduler_training.features_for(args.features, init)
+    except ConfigError as err:
+        raise CliConfigError(one_line(err)) from err
     _prepare_jax()
     envs = [mdp.SchedulingEnv(cfg, cfg.cost, opts._replace(features=seen), args.episodes) for cfg, opts in tasks]
     recipe = scheduler_training.Recipe(epochs=args.epochs, lr=args.lr)
@@ -377,16 +381,6 @@ def _scheduler_train(args) -> int:
                                                  recipe=recipe)
     print(f"wrote {learned.save(trained, args.out)}")
     return 0
-
-
-def _scheduler_features(given, init) -> tuple:
-    from jaxrl_dist import scheduler_training
-    from jaxrl_dist.config import ConfigError
-
-    try:
-        return scheduler_training.features_for(given, init)
-    except ConfigError as err:
-        raise CliConfigError(one_line(err)) from err
 
 
 def _scheduler_task(args, extra: list) -> tuple:

@@ -16,7 +16,7 @@ from jaxrl_dist.config import ConfigError
 from jaxrl_dist.core.networks import make_network
 from jaxrl_dist.core.types import EnvSpec
 from jaxrl_dist.scheduling.cost import Left
-from jaxrl_dist.scheduling.mdp import FEATURES, Scale, features, obs_from_records
+from jaxrl_dist.scheduling.mdp import FEATURES, Scale, feature_columns, features, obs_from_records
 
 PRESETS = Path(__file__).resolve().parents[1] / "presets" / "schedulers"
 
@@ -44,7 +44,7 @@ def load(path) -> Trained:
 
 def columns(trained: Trained) -> np.ndarray:
     """Where the features the scheduler was trained on sit in `FEATURES`, in its order."""
-    return np.asarray([FEATURES.index(f) for f in trained.meta["features"]], np.int32)
+    return feature_columns(trained.meta["features"])
 
 def widen(trained: Trained, to=FEATURES) -> Trained:
     """The same policy over the features `to` (names of `FEATURES`, a superset of the
@@ -58,7 +58,7 @@ def widen(trained: Trained, to=FEATURES) -> Trained:
     if missing:
         raise ConfigError(f"scheduler.init_from: that scheduler reads {', '.join(missing)}, which this "
                           f"training leaves out (--features)")
-    cols = np.asarray([to.index(f) for f in names], np.int32)
+    cols = feature_columns(names, to)
 
     def grow(path, x):
         x = np.asarray(x)

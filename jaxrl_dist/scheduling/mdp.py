@@ -67,7 +67,7 @@ class Scale(NamedTuple):
     return_hi: float
     max_rounds: int
     max_shards: int
-    # one warm round at `max_shards` on the task's profile and cost preset (the MDP's
+    # one cold round at `max_shards` on the task's profile and cost preset (the MDP's
     # reward units, `SchedulingEnv.ref`): the unit of `budget_rounds` / `time_rounds`;
     # 0 in files trained before them (such files never read those features)
     ref_usd: float = 0.0
@@ -88,6 +88,14 @@ class RoundObs(NamedTuple):
     n: Any
     usd_left: Any = float("inf")  # dollars left of the budget (inf: none)
     s_left: Any = float("inf")  # modeled seconds left before the deadline (inf: none)
+
+def feature_columns(names, among=FEATURES) -> np.ndarray:
+    """Where each of `names` sits in `among`; one line naming any it lacks."""
+    unknown = [f for f in names if f not in among]
+    if unknown or not names:
+        raise ConfigError(f"--features: {', '.join(unknown) + ' unknown' if unknown else 'none given'}; "
+                          f"a scheduler sees some of {', '.join(among)}")
+    return np.asarray([list(among).index(f) for f in names], np.int32)
 
 def rounds_left(left, ref: float, s: Scale, xp=jnp):
     """What is left of a limit as the share of `max_rounds` rounds at `max_shards` it
@@ -193,20 +201,22 @@ class SchedulingEnv:
         self.learner = make_learner(task_cfg, self.program.network, self.program.env.spec, M / 2)
         self.buckets = shard_buckets(M)
         self.round_bodies = [make_round_body(self.program, b) for b in self.buckets]
-        unknown = [f for f in opts.features if f not in FEATURES]
-        if unknown or not opts.features:
-            raise ConfigError(f"--features: {', '.join(unknown) or 'none given'}; a scheduler sees some of "
-                              f"{', '.join(FEATURES)}")
-        self.cols = np.asarray([FEATURES.index(f) for f in opts.features], np.int32)
+        self.cols = feature_columns(opts.features)
         self.spec = EnvSpec(f"scheduler/{task_cfg.env.id}", "gymnax", (len(self.cols),), jnp.float32,
                             True, M)
         self.steps_per_shard = task_cfg.backend.envs_per_shard * task_cfg.algo.num_steps
-        self.ref = self._reference()
-        # the scale carries the units of the absolute limit features, and the file keeps them
-        self.opts = opts._replace(scale=opts.scale._replace(ref_s=self.ref[0], ref_usd=self.ref[1]))
+        ref_s, ref_usd = self._reference()
+        # the scale carries the reward's units, which the absolute limit features read
+        # too, and the file keeps them
+        self.opts = opts._replace(scale=opts.scale._replace(ref_s=ref_s, ref_usd=ref_usd))
+
+    @property
+    def ref(self) -> tuple:
+        """`(seconds, dollars)` of one cold round at `M` shards: the reward's units."""
+        return self.opts.scale.ref_s, self.opts.scale.ref_usd
 
     def _reference(self) -> tuple:
-        """Seconds and dollars of one warm round at `M` shards: the reward's units."""
+        """Seconds and dollars of one cold round at `M` shards, from the profile and cost preset."""
         M, p = self.opts.max_shards, self.opts.profile
         # cold, as a round after an idle gap longer than keep_warm_s is billed
         rc = cost.round_cost(self.cost_cfg, M, np.full((M,), p.step_s * self.task_cfg.algo.num_steps),
