@@ -338,6 +338,85 @@ def compare(agg: dict, variant: str) -> dict:
     return out
 
 
+def to_target(run: dict):
+    """`(rounds, shard-rounds)` a run spent up to the round it reached the target, or None."""
+    t, sr = run.get("time_to_target_s"), run["series"]
+    if t is None:
+        return None
+    k = next(i for i, s in enumerate(sr["cum_s"]) if s >= t - 1e-9) + 1
+    return k, sum(sr["shards"][:k])
+
+
+def joint_bound(runs: dict, slack: float = 0.05) -> dict | None:
+    """Whether any schedule can be within `slack` of both oracles (dollars and modeled
+    seconds to target) at once, in the cost model's own figures.
+
+    Every round here is billed `a + b * n` dollars and lasts about `round_s` whatever
+    its n (a least-squares fit over the fixed runs' rounds), so a run that reaches the
+    target in R rounds having used S shard-rounds costs `a R + b S` and takes
+    `round_s R`. Within slack of both oracles needs `R <= R_max` and `S <= S_max(R)`.
+    The fixed counts (and any policy given) show how many shard-rounds reaching the
+    target in so few rounds took: where every one that was fast enough used more than
+    the dollars allow, no schedule seen comes near, and a better one would have to
+    learn from fewer samples in the same number of updates."""
+    import numpy as np
+
+    fixed = {p: rs for p, rs in runs.items() if p.startswith("fixed")}
+    n, usd, secs = [], [], []
+    for rs in fixed.values():
+        for r in rs:
+            sr = r["series"]
+            n += sr["shards"]
+            usd += list(np.diff([0.0] + sr["cum_usd"]))
+            secs += list(np.diff([0.0] + sr["cum_s"]))
+    if len(set(n)) < 2:
+        return None
+    b, a = np.polyfit(n, usd, 1)
+    round_s = float(np.median(secs))
+    spent = {}
+    for p, rs in runs.items():
+        got = [x for x in map(to_target, rs) if x is not None]
+        if len(got) == len(rs):  # every seed reached the target: a mean to compare
+            spent[p] = {"rounds": statistics.fmean(x[0] for x in got),
+                        "shard_rounds": statistics.fmean(x[1] for x in got),
+                        "usd": statistics.fmean(r["cost_to_target_usd"] for r in rs),
+                        "s": statistics.fmean(r["time_to_target_s"] for r in rs)}
+    best = {m: min((v[m] for p, v in spent.items() if p in fixed), default=None) for m in ("usd", "s")}
+    if None in best.values():
+        return None
+    r_max = (1 + slack) * best["s"] / round_s
+    s_max = lambda rounds: ((1 + slack) * best["usd"] - a * rounds) / b  # noqa: E731
+    for v in spent.values():
+        v.update(usd_vs_oracle=v["usd"] / best["usd"], s_vs_oracle=v["s"] / best["s"],
+                 within=v["usd"] <= (1 + slack) * best["usd"] and v["s"] <= (1 + slack) * best["s"],
+                 fast_enough=v["rounds"] <= r_max, shard_rounds_allowed=s_max(v["rounds"]))
+    fast = [v["shard_rounds"] / v["shard_rounds_allowed"] for p, v in spent.items()
+            if p in fixed and v["fast_enough"] and v["shard_rounds_allowed"] > 0]
+    for v in spent.values():
+        v["shard_rounds_allowed"] = float(v["shard_rounds_allowed"])
+    return {"usd_per_round": float(a), "usd_per_shard_round": float(b), "round_s": round_s,
+            "slack": slack, "rounds_max": r_max, "shard_rounds_max": float(s_max(r_max)),
+            "fixed_within": [p for p, v in spent.items() if p in fixed and v["within"]],
+            "fast_fixed_over_allowed": min(fast, default=None), "policies": spent}
+
+
+def bound_note(task: str, bound: dict) -> str:
+    """One line of what `joint_bound` found."""
+    f = bound["policies"]
+    pts = ", ".join(f"{p} {v['rounds']:.1f} rounds / {v['shard_rounds']:.0f}" for p, v in f.items())
+    head = (f"- {task}, within {bound['slack']:.0%} of both oracles: a round costs "
+            f"${bound['usd_per_round']:.5f} + ${bound['usd_per_shard_round']:.6f} a shard and lasts "
+            f"{bound['round_s']:.2f} s, so the target must fall within {bound['rounds_max']:.1f} rounds "
+            f"on at most {bound['shard_rounds_max']:.0f} shard-rounds (fewer rounds allow more); ")
+    others = [p for p, v in f.items() if v["within"] and p not in bound["fixed_within"]]
+    if bound["fixed_within"]:
+        head += f"{', '.join(bound['fixed_within'])} did it"
+    else:
+        head += (f"no fixed count did (those fast enough used {bound['fast_fixed_over_allowed']:.2f}x "
+                 f"the shard-rounds the dollars allow)")
+    return head + (f"; {', '.join(others)} did" if others else "") + f". Spent to target: {pts}"
+
+
 def limits(agg: dict, budget_frac: float, deadline_frac: float) -> dict:
     """Each limit variant's `run.*` value from the no-limit results: a fraction of what the
     dollar (time) oracle spent to reach the target, or of its whole run if it never did."""
@@ -496,6 +575,9 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
         if v == "none" and not given:
             lims.update(limits(agg, *fracs))
         cmp = compare(agg, v)
+        if v == "none" and (bound := joint_bound(runs[v])) is not None:
+            res["bound"] = bound
+            print(bound_note(task, bound), flush=True)
         res["variants"][v] = {"limit": lims[v], "compare": cmp, "policies": {
             p: {"overrides": POLICIES[p], "runs": runs[v][p], "summary": agg[p]} for p in agg}}
         print_table(f"{task}, {variant_label(v, lims[v])}", HEADERS,
@@ -549,6 +631,8 @@ def markdown(out: dict) -> str:
             rows += table_rows(task, v, agg, r["compare"], r["limit"], TASKS[task].get("also", ()))
             notes.append(f"- {task}, {variant_label(v, r['limit'])}: " + ", ".join(
                 f"{k} {note_value(x)}" for k, x in r["compare"].items()))
+        if "bound" in t:
+            notes.append(bound_note(task, t["bound"]))
         files = t["scheduler_files"]
         for p, f in files.items():
             notes.append(f"- {task}: `{p}` reads {f['path']} ({f['note']}, sha256 {f['sha256']})")

@@ -240,3 +240,32 @@ def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
             assert spans[r] == 0, (name, r, ns)
         seen.add(bucket(n, 4))
     assert len(seen) <= math.ceil(math.log2(4)) + 1
+
+
+def test_the_comparison_bench_bounds_what_any_schedule_can_reach(tmp_path):
+    """`bench/schedulers.py`'s `joint_bound`: from rounds billed `a + b n` it recovers
+    `a` and `b`, finds that no fixed count is within 5% of both oracles here, that a
+    policy spending 5 shards for 10 rounds is, and how far the fast fixed count is off.
+    (A fresh process: the bench configures JAX's CPU and RNG for itself.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def run(n: int, rounds: int) -> dict:
+        usd = [(0.001 + 0.0003 * n) * (i + 1) for i in range(rounds)]
+        secs = [20.0 * (i + 1) for i in range(rounds)]
+        return {"time_to_target_s": secs[-1], "cost_to_target_usd": usd[-1],
+                "series": {"shards": [n] * rounds, "cum_usd": usd, "cum_s": secs}}
+    runs = {"fixed1": [run(1, 40)], "fixed4": [run(4, 20)], "fixed16": [run(16, 10)], "learned": [run(5, 10)]}
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import schedulers; "
+            "print(json.dumps(schedulers.joint_bound(json.load(open(sys.argv[2])))))")
+    out = subprocess.run([sys.executable, "-c", code, str(bench), str(tmp_path / "runs.json")],
+                         capture_output=True, text=True, timeout=120, check=True)
+    b = json.loads(out.stdout.strip().splitlines()[-1])
+    assert b["usd_per_round"] == pytest.approx(0.001) and b["usd_per_shard_round"] == pytest.approx(0.0003)
+    assert b["round_s"] == pytest.approx(20.0) and b["rounds_max"] == pytest.approx(10.5)
+    assert b["fixed_within"] == [] and b["policies"]["learned"]["within"]
+    # fixed16 is fast enough (10 rounds) but used 160 shard-rounds where $0.0462 pays for 120.7
+    assert b["fast_fixed_over_allowed"] == pytest.approx(160 / ((1.05 * 0.044 - 0.01) / 0.0003))
