@@ -53,12 +53,12 @@ def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-if TYPE_CHECKING:  # static analysers see the real objects
-    from jaxrl_dist.config import AlgoConfig, Config, EnvConfig, RunConfig, from_dict
-    from jaxrl_dist.envs import make_env
-    from jaxrl_dist.trainers.fused import make_train
-    from jaxrl_dist.core.networks import make_network
-    from jaxrl_dist.core.ppo import gae, make_update
-    from jaxrl_dist.trainers.runner import train
-    from jaxrl_dist.evaluation import evaluate, load_policy
-    from jaxrl_dist.config import EvalConfig
+if TYPE_CHECKING:  # static analysers see the real objects ("X as X": a re-export)
+    from jaxrl_dist.config import AlgoConfig as AlgoConfig, Config as Config, EnvConfig as EnvConfig
+    from jaxrl_dist.config import EvalConfig as EvalConfig, RunConfig as RunConfig, from_dict as from_dict
+    from jaxrl_dist.core.networks import make_network as make_network
+    from jaxrl_dist.core.ppo import gae as gae, make_update as make_update
+    from jaxrl_dist.envs import make_env as make_env
+    from jaxrl_dist.evaluation import evaluate as evaluate, load_policy as load_policy
+    from jaxrl_dist.trainers.fused import make_train as make_train
+    from jaxrl_dist.trainers.runner import train as train
