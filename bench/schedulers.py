@@ -572,7 +572,7 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
     for v in variants:
         runs[v] = run_variant(task, v, policies, lims[v], ctx)
         agg = {p: aggregate(rs, v) for p, rs in runs[v].items()}
-        if v == "none" and not given:
+        if v == "none" and not given and fixed_in(agg):  # no fixed counts: no limit variant follows
             lims.update(limits(agg, *fracs))
         cmp = compare(agg, v)
         if v == "none" and (bound := joint_bound(runs[v])) is not None:
