@@ -208,6 +208,16 @@ def test_budget_stops_before_the_round_that_would_exceed_it(tmp_path):
     assert json.loads((tmp_path / "budget" / "summary.json").read_text())["stop_reason"] == "budget_usd"
 
 
+def test_a_budget_below_one_round_says_so_in_one_line(tmp_path, capsys):
+    # $0.0005 against about $0.0019 for the first round: nothing runs, and the run says why
+    summary, records = _train(tmp_path, "tiny", run={"budget_usd": 0.0005})
+    assert summary["rounds"] == 0 and records == [] and summary["stop_reason"] == "budget_usd"
+    note = summary["stop_note"]
+    assert note.startswith("run.budget_usd=0.0005 does not pay for one round: 3 shards under cost=azure_aci")
+    assert f"warning: {note}" in capsys.readouterr().err.splitlines()
+    assert json.loads((tmp_path / "tiny" / "summary.json").read_text())["stop_note"] == note
+
+
 def test_limits_are_checked_before_the_round_that_would_pass_them():
     from jaxrl_dist.config import RunConfig
     from jaxrl_dist.trainers.sync import over_limit

@@ -257,13 +257,17 @@ def test_the_comparison_bench_bounds_what_any_schedule_can_reach(tmp_path):
         return {"time_to_target_s": secs[-1], "cost_to_target_usd": usd[-1],
                 "series": {"shards": [n] * rounds, "cum_usd": usd, "cum_s": secs}}
     runs = {"fixed1": [run(1, 40)], "fixed4": [run(4, 20)], "fixed16": [run(16, 10)], "learned": [run(5, 10)]}
-    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    warm = json.loads(json.dumps(runs))  # a first round 10x as long (a cold start, then warm)
+    warm["fixed4"][0]["series"]["cum_s"] = [s + 180.0 for s in warm["fixed4"][0]["series"]["cum_s"]]
+    (tmp_path / "runs.json").write_text(json.dumps([runs, warm]))
     bench = Path(__file__).resolve().parents[1] / "bench"
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import schedulers; "
-            "print(json.dumps(schedulers.joint_bound(json.load(open(sys.argv[2])))))")
+            "print(json.dumps([schedulers.joint_bound(r) for r in json.load(open(sys.argv[2]))]))")
     out = subprocess.run([sys.executable, "-c", code, str(bench), str(tmp_path / "runs.json")],
                          capture_output=True, text=True, timeout=120, check=True)
-    b = json.loads(out.stdout.strip().splitlines()[-1])
+    b, off = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not off["applies"] and "not billed a + b n at one duration" in off["why"]
+    assert b["applies"]
     assert b["usd_per_round"] == pytest.approx(0.001) and b["usd_per_shard_round"] == pytest.approx(0.0003)
     assert b["round_s"] == pytest.approx(20.0) and b["rounds_max"] == pytest.approx(10.5)
     assert b["fixed_within"] == [] and b["policies"]["learned"]["within"]

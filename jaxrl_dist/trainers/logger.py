@@ -232,7 +232,7 @@ SUMMARY_ROWS = (
     ("train_seconds", "training (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),
     ("sps", "env steps/s (training)"), ("modeled_seconds", "modeled cloud time (s)"),
     ("cost_usd", "dollars (cost preset)"), ("cost_preset", "cost preset"),
-    ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
+    ("stop_reason", "stopped by"), ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
     ("wall_to_target_s", "measured time to target (s)"), ("cost_to_target_usd", "dollars to target"),
     ("params_sha256", "params sha256"), ("peak_rss_mb", "peak memory (MB)"),
     ("resumed_at_update", "resumed at"), ("run_dir", "run directory"))

@@ -18,6 +18,7 @@ a round estimated to pass them), or `run.max_rounds`.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -215,6 +216,15 @@ def over_limit(run_cfg, account: CostAccount, n: int) -> Optional[str]:
     return None
 
 
+def unaffordable_note(run_cfg, cost_cfg, reason: str, n: int, estimate: tuple) -> str:
+    """One line for a run whose limit stops it before its first round: the key, its value
+    and what one round was estimated to need."""
+    seconds, usd = estimate
+    need = f"${usd:.3g}" if reason == "budget_usd" else f"{seconds:.3g} modeled s"
+    return (f"run.{reason}={getattr(run_cfg, reason)} does not pay for one round: {n} shards under "
+            f"cost={cost_cfg.name} are estimated at {need}; nothing was trained")
+
+
 def target_reason(cfg: Config, records: list) -> Optional[str]:
     """"target" when the last record reached it and `run.stop_at_target`, else None."""
     run = cfg.run
@@ -249,6 +259,7 @@ class RoundTrainer:
         self.spec, self.program, self.learner, self.backend, self.ckpt = shard_parts(cfg, run_dir, self.expected)
         self.state = self._start(resuming)
         self.account, self.stop_reason, self._wall0, self._param_bytes = None, None, 0.0, 0
+        self.stop_note = None  # a limit that stopped the run before any round: why, in one line
 
     def _start(self, resuming: bool) -> RoundState:
         train = init_train(self.learner, self.cfg.seed)
@@ -288,6 +299,10 @@ class RoundTrainer:
             return None
         n = self._ask(r, records)
         self.stop_reason = over_limit(self.cfg.run, self.account, n)
+        if self.stop_reason and r == int(self.state.round):  # before this process's first round
+            self.stop_note = unaffordable_note(self.cfg.run, self.cfg.cost, self.stop_reason, n,
+                                               self.account.estimate(n))
+            print(f"warning: {self.stop_note}", file=sys.stderr, flush=True)
         return None if self.stop_reason else n
 
     def _shard_bound(self) -> tuple:
@@ -362,7 +377,7 @@ class RoundTrainer:
 
     def summary(self) -> dict:
         """This trainer's own figures for summary.json."""
-        return {"trainer": "sync"}
+        return {"trainer": "sync", **({"stop_note": self.stop_note} if self.stop_note else {})}
 
     def _save(self, train, table, r: int) -> None:
         data = None if table is None else jax.tree.map(np.asarray, table.data)
