@@ -8,7 +8,8 @@ Policies (`--policies`, comma-separated):
 - `fixed1` ... `fixed32`: the same count every round, for every n in
   {1, 2, 4, 8, 16, 32}; per task and variant the best of them in hindsight is
   the *oracle* (dollars and modeled seconds to target without a limit, final
-  return under one);
+  return under one); `fixedN` adds any other count N beside them (it joins the
+  oracle's candidates);
 - `max`: always `backend.max_shards` (32); `adapt`: the reward ratio; `ramp`;
 - `learned`: the task's own scheduler file (`--learned TASK=PATH`, else the
   preset shipped for the task's env id, else the generalist file, as
@@ -57,6 +58,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -86,6 +88,13 @@ POLICIES = {
     "learned_lambda": ["scheduler=learned", "cost=aws_lambda"],
     "learned_cloudrun": ["scheduler=learned", "cost=gcp_cloud_run"],
 }
+def policy_overrides(policy: str):
+    """A policy's config overrides, or None for an unknown name; `fixedN` runs any count N
+    (the table's fixed counts are FIXED; others can be added beside them)."""
+    m = re.fullmatch(r"fixed([1-9][0-9]*)", policy)
+    return ["scheduler=fixed", f"scheduler.num_shards={m[1]}"] if m else POLICIES.get(policy)
+
+
 DEFAULT_POLICIES = [f"fixed{n}" for n in FIXED] + ["max", "adapt", "learned", "generalist"]
 
 # Each task's settings; `budget` says whether it is the task's full step budget on this machine.
@@ -151,7 +160,7 @@ def run_overrides(task: str, policy: str, seed: int, limit: dict, extra: list, p
     Under a limit the run goes on past the target, so every policy stops at the limit."""
     out = ["backend=local", "run.progress=false", "run.tensorboard=false", f"seed={seed}",
            f"run.stop_at_target={'false' if limit else 'true'}"]
-    out += TASKS[task]["overrides"] + POLICIES[policy] + [f"run.{k}={v!r}" for k, v in limit.items()]
+    out += TASKS[task]["overrides"] + policy_overrides(policy) + [f"run.{k}={v!r}" for k, v in limit.items()]
     if path is not None:
         out.append(f"scheduler.path={path}")
     return out + extra
@@ -592,7 +601,7 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
             res["bound"] = bound
             print(bound_note(task, bound), flush=True)
         res["variants"][v] = {"limit": lims[v], "compare": cmp, "policies": {
-            p: {"overrides": POLICIES[p], "runs": runs[v][p], "summary": agg[p]} for p in agg}}
+            p: {"overrides": policy_overrides(p), "runs": runs[v][p], "summary": agg[p]} for p in agg}}
         print_table(f"{task}, {variant_label(v, lims[v])}", HEADERS,
                     table_rows(task, v, agg, cmp, lims[v], TASKS[task].get("also", ())))
         print(json.dumps(cmp), flush=True)
@@ -683,7 +692,7 @@ def parse_args():
 def check_args(args, variants: list, policies: list) -> dict:
     """The scheduler files by role; one line and exit 2 on a bad flag."""
     bad = ([f"--tasks: unknown {t!r}" for t in args.tasks.split(",") if t not in TASKS]
-           + [f"--policies: unknown {p!r}" for p in policies if p not in POLICIES]
+           + [f"--policies: unknown {p!r}" for p in policies if policy_overrides(p) is None]
            + [f"--variants: unknown {v!r}" for v in variants if v not in VARIANTS])
     if any(v != "none" for v in variants) and not fixed_in(dict.fromkeys(policies)) and not args.limits_from:
         bad.append("--variants: a budget or deadline is derived from the fixed counts; add some to --policies")
