@@ -331,6 +331,8 @@ def compare(agg: dict, variant: str) -> dict:
     """The oracle(s) and each learned policy against them: ratios of the means to target
     without a limit, final return under one."""
     m = lambda p, k: agg[p][k]["mean"] if p else None
+    if not fixed_in(agg):  # nothing to hold a policy against (and no "beats every" by default)
+        return {"oracle": "none: no fixed count was run"}
     if variant == "none":
         out = {"oracle_usd": oracle(agg, "cost_to_target_usd"), "oracle_s": oracle(agg, "time_to_target_s")}
         for p in (x for x in LEARNED if x in agg):
