@@ -88,6 +88,8 @@ POLICIES = {
     "learned_lambda": ["scheduler=learned", "cost=aws_lambda"],
     "learned_cloudrun": ["scheduler=learned", "cost=gcp_cloud_run"],
 }
+
+
 def policy_overrides(policy: str):
     """A policy's config overrides, or None for an unknown name; `fixedN` runs any count N
     (the table's fixed counts are FIXED; others can be added beside them)."""
@@ -361,9 +363,10 @@ def to_target(run: dict):
 FIT_TOLERANCE = 0.05  # how far a round may be from the fitted bill and duration for the bound to hold
 
 
-def joint_bound(runs: dict, slack: float = 0.05) -> dict | None:
+def joint_bound(runs: dict, agg: dict, slack: float = 0.05) -> dict | None:
     """Whether any schedule can be within `slack` of both oracles (dollars and modeled
-    seconds to target) at once, in the cost model's own figures.
+    seconds to target, as `oracle` picks them from `agg`) at once, in the cost model's
+    own figures.
 
     Every round here is billed `a + b * n` dollars and lasts about `round_s` whatever
     its n (a least-squares fit over the fixed runs' rounds), so a run that reaches the
@@ -375,10 +378,10 @@ def joint_bound(runs: dict, slack: float = 0.05) -> dict | None:
     learn from fewer samples in the same number of updates."""
     import numpy as np
 
-    fixed = {p: rs for p, rs in runs.items() if p.startswith("fixed")}
+    fixed = fixed_in(runs)
     n, usd, secs = [], [], []
-    for rs in fixed.values():
-        for r in rs:
+    for p in fixed:
+        for r in runs[p]:
             sr = r["series"]
             n += sr["shards"]
             usd += list(np.diff([0.0] + sr["cum_usd"]))
@@ -395,29 +398,28 @@ def joint_bound(runs: dict, slack: float = 0.05) -> dict | None:
         return {"applies": False, "slack": slack, "why": (
             f"rounds are not billed a + b n at one duration here (seconds off by up to {off_s:.0%}, "
             f"dollars by {off_usd:.0%})")}
+    metrics = {"usd": "cost_to_target_usd", "s": "time_to_target_s"}
+    oracles = {m: oracle(agg, k) for m, k in metrics.items()}
+    if None in oracles.values():
+        return None
+    best = {m: agg[oracles[m]][k]["mean"] for m, k in metrics.items()}
     spent = {}
     for p, rs in runs.items():
         got = [x for x in map(to_target, rs) if x is not None]
         if len(got) == len(rs):  # every seed reached the target: a mean to compare
             spent[p] = {"rounds": statistics.fmean(x[0] for x in got),
                         "shard_rounds": statistics.fmean(x[1] for x in got),
-                        "usd": statistics.fmean(r["cost_to_target_usd"] for r in rs),
-                        "s": statistics.fmean(r["time_to_target_s"] for r in rs)}
-    best = {m: min((v[m] for p, v in spent.items() if p in fixed), default=None) for m in ("usd", "s")}
-    if None in best.values():
-        return None
+                        **{m: agg[p][k]["mean"] for m, k in metrics.items()}}
     r_max = (1 + slack) * best["s"] / round_s
-    s_max = lambda rounds: ((1 + slack) * best["usd"] - a * rounds) / b  # noqa: E731
+    s_max = lambda rounds: float(((1 + slack) * best["usd"] - a * rounds) / b)  # noqa: E731
     for v in spent.values():
         v.update(usd_vs_oracle=v["usd"] / best["usd"], s_vs_oracle=v["s"] / best["s"],
                  within=v["usd"] <= (1 + slack) * best["usd"] and v["s"] <= (1 + slack) * best["s"],
                  fast_enough=v["rounds"] <= r_max, shard_rounds_allowed=s_max(v["rounds"]))
     fast = [v["shard_rounds"] / v["shard_rounds_allowed"] for p, v in spent.items()
             if p in fixed and v["fast_enough"] and v["shard_rounds_allowed"] > 0]
-    for v in spent.values():
-        v["shard_rounds_allowed"] = float(v["shard_rounds_allowed"])
     return {"applies": True, "usd_per_round": float(a), "usd_per_shard_round": float(b), "round_s": round_s,
-            "slack": slack, "rounds_max": r_max, "shard_rounds_max": float(s_max(r_max)),
+            "slack": slack, "rounds_max": r_max, "shard_rounds_max": s_max(r_max),
             "fixed_within": [p for p, v in spent.items() if p in fixed and v["within"]],
             "fast_fixed_over_allowed": min(fast, default=None), "policies": spent}
 
@@ -599,7 +601,7 @@ def run_task(task: str, variants: list, policies: list, ctx: Ctx, fracs: tuple, 
         if v == "none" and not given and fixed_in(agg):  # no fixed counts: no limit variant follows
             lims.update(limits(agg, *fracs))
         cmp = compare(agg, v)
-        if v == "none" and (bound := joint_bound(runs[v])) is not None:
+        if v == "none" and (bound := joint_bound(runs[v], agg)) is not None:
             res["bound"] = bound
             print(bound_note(task, bound), flush=True)
         res["variants"][v] = {"limit": lims[v], "compare": cmp, "policies": {

@@ -255,14 +255,15 @@ def test_the_comparison_bench_bounds_what_any_schedule_can_reach(tmp_path):
         usd = [(0.001 + 0.0003 * n) * (i + 1) for i in range(rounds)]
         secs = [20.0 * (i + 1) for i in range(rounds)]
         return {"time_to_target_s": secs[-1], "cost_to_target_usd": usd[-1],
-                "series": {"shards": [n] * rounds, "cum_usd": usd, "cum_s": secs}}
+                "series": {"shards": [n] * rounds, "cum_usd": usd, "cum_s": secs, "return_recent": [None] * rounds}}
     runs = {"fixed1": [run(1, 40)], "fixed4": [run(4, 20)], "fixed16": [run(16, 10)], "learned": [run(5, 10)]}
     warm = json.loads(json.dumps(runs))  # a first round 10x as long (a cold start, then warm)
     warm["fixed4"][0]["series"]["cum_s"] = [s + 180.0 for s in warm["fixed4"][0]["series"]["cum_s"]]
     (tmp_path / "runs.json").write_text(json.dumps([runs, warm]))
     bench = Path(__file__).resolve().parents[1] / "bench"
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import schedulers; "
-            "print(json.dumps([schedulers.joint_bound(r) for r in json.load(open(sys.argv[2]))]))")
+            "agg = lambda r: {p: schedulers.aggregate(rs, 'none') for p, rs in r.items()}; "
+            "print(json.dumps([schedulers.joint_bound(r, agg(r)) for r in json.load(open(sys.argv[2]))]))")
     out = subprocess.run([sys.executable, "-c", code, str(bench), str(tmp_path / "runs.json")],
                          capture_output=True, text=True, timeout=120, check=True)
     b, off = json.loads(out.stdout.strip().splitlines()[-1])
