@@ -11,7 +11,7 @@ latency * `--jitter-frac`) ms each way, and with stragglers a share
 
 - `sync`: the round trainer, `scheduler=fixed scheduler.num_shards=B` (one round
   of `B` shards over the same instances, slot `s` on instance `s % instances`);
-- `async`: `trainer=async async.max_staleness=S async.batch_chunks=B`, starting
+- `async`: `trainer=async asynchronous.max_staleness=S asynchronous.batch_chunks=B`, starting
   with `--actors` actors, the balancer free up to `--max-actors`.
 
 Sync and async of one seed and setting run back to back, so a slow spell of
@@ -84,9 +84,9 @@ class Mode(NamedTuple):
 def modes(args) -> list:
     B = args.batch_chunks
     sync = Mode("sync", ("trainer=sync", "scheduler=fixed", f"scheduler.num_shards={B}"), 0, B)
-    asyn = Mode("async", ("trainer=async", f"async.max_staleness={args.max_staleness}",
-                          f"async.batch_chunks={B}", f"async.actors={args.actors}",
-                          f"async.max_actors={args.max_actors}"), args.max_staleness, args.actors)
+    asyn = Mode("async", ("trainer=async", f"asynchronous.max_staleness={args.max_staleness}",
+                          f"asynchronous.batch_chunks={B}", f"asynchronous.actors={args.actors}",
+                          f"asynchronous.max_actors={args.max_actors}"), args.max_staleness, args.actors)
     return [m for m in (sync, asyn) if m.name in args.modes.split(",")]
 
 

@@ -2,7 +2,7 @@
 
 Every run is on the local backend with a learner batch of 4 shards (chunks):
 `sync` is the round trainer with `scheduler=fixed scheduler.num_shards=4`;
-`async_sN` is `trainer=async async.max_staleness=N` starting with 4 actors,
+`async_sN` is `trainer=async asynchronous.max_staleness=N` starting with 4 actors,
 the balancer free to run 1..8. `stragglers` sets `backend.slowdown=3
 backend.slow_every=4`: every 4th slot's shards take 3 times as long (its
 machine is slower; the wait is a sleep, so the CPUs it leaves idle are there
@@ -53,12 +53,12 @@ from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMON = ["backend=local", "cost=aws_lambda", "run.progress=false", "run.tensorboard=false", "scheduler=fixed",
-          "scheduler.num_shards=4", "async.batch_chunks=4", "async.actors=4", "async.max_actors=8"]
+          "scheduler.num_shards=4", "asynchronous.batch_chunks=4", "asynchronous.actors=4", "asynchronous.max_actors=8"]
 MODES = {
     "sync": ["trainer=sync"],
-    "async_s1": ["trainer=async", "async.max_staleness=1"],
-    "async_s2": ["trainer=async", "async.max_staleness=2"],
-    "async_s4": ["trainer=async", "async.max_staleness=4"],
+    "async_s1": ["trainer=async", "asynchronous.max_staleness=1"],
+    "async_s2": ["trainer=async", "asynchronous.max_staleness=2"],
+    "async_s4": ["trainer=async", "asynchronous.max_staleness=4"],
 }
 SETTINGS = {"homogeneous": [], "stragglers": ["backend.slowdown=3", "backend.slow_every=4"]}
 TASKS = {
@@ -89,7 +89,7 @@ def throughput(records: list, clock: str = "time") -> float | None:
 
 
 def run_one(task: str, mode: str, setting: str, seed: int, root: Path, extra=()) -> dict:
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
     from jaxrl_dist.trainers.runner import train
 
     run_dir = root / task / setting / mode / f"seed{seed}"

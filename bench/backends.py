@@ -38,7 +38,7 @@ from common import fmt, machine_info, markdown_table, measure, print_table, writ
 
 
 from jaxrl_dist.trainers import fused  # noqa: E402
-from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.cli.compose import load_config  # noqa: E402
 from jaxrl_dist.envs import make_env  # noqa: E402
 from jaxrl_dist.trainers.sync import RoundTrainer  # noqa: E402
 from jaxrl_dist.serve import LocalServer  # noqa: E402

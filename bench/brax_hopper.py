@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, write_json  # noqa: E402
 
 from jaxrl_dist import config as config_mod  # noqa: E402
-from jaxrl_dist.overrides import load_config  # noqa: E402
+from jaxrl_dist.cli.compose import load_config  # noqa: E402
 from jaxrl_dist.trainers.runner import train  # noqa: E402
 
 BASE = ["trainer=fused", "env=brax_hopper", "run.progress=false", "run.tensorboard=false",

@@ -92,7 +92,7 @@ def child(bench_dir: str, what: str, run_dir: str) -> None:
         platform.use_unrolled_threefry = lambda: False
     out = {}
     if what == "paired":
-        from jaxrl_dist import cli
+        from jaxrl_dist.cli import compose as cli
 
         if cli.main([*cli_args(Path(bench_dir).parent), f"run.dir={run_dir}"]) != 0:
             raise SystemExit("jaxrl-dist train failed")

@@ -4,8 +4,11 @@ Each launch is a fresh process on a pseudo-terminal; the clock stops at the firs
 output that holds a visible character (escape sequences aside). One warm-up launch
 first (the OS page cache), then `--launches` timed ones; the median is the figure.
 The run itself is short (10,240 steps) and every launch runs it to the end.
+`--errors` times, instead, launches whose config is wrong (a misspelt key, a value of
+the wrong type, a value out of range, a misspelt preset): from launch to the one-line
+error, each a median over `--launches`.
 
-    python bench/first_status.py [--launches 5] [--out bench/results/first_status.json]
+    python bench/first_status.py [--launches 5] [--errors] [--out bench/results/first_status.json]
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ sys.path.insert(0, str(HERE))
 VISIBLE = re.compile(rb"\x1b\[[0-9;?]*[a-zA-Z]")
 
 
-def first_text(cmd: list) -> tuple:
-    """`(seconds to the first visible text, that text)` of one launch of `cmd`."""
+def first_text(cmd: list, until: bytes = b"") -> tuple:
+    """`(seconds to the first visible text, that text)` of one launch of `cmd`; with
+    `until`, to the first output that holds those bytes."""
     master, slave = pty.openpty()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
@@ -42,8 +46,9 @@ def first_text(cmd: list) -> tuple:
                 break
             if not data:
                 break
-            if first is None and VISIBLE.sub(b"", data).strip():
-                first, shown = time.perf_counter() - t0, VISIBLE.sub(b"", data).strip()
+            text = VISIBLE.sub(b"", data).strip()
+            if first is None and text and until in text:
+                first, shown = time.perf_counter() - t0, text[text.index(until):]
         elif proc.poll() is not None:
             break
     proc.wait()
@@ -54,8 +59,11 @@ def first_text(cmd: list) -> tuple:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launches", type=int, default=5)
+    p.add_argument("--errors", action="store_true", help="time the one-line errors of bad configs instead")
     p.add_argument("--out", default="bench/results/first_status.json")
     opts = p.parse_args()
+    if opts.errors:
+        return errors(opts)
     from common import machine_info, write_json
 
     script = Path(sys.executable).with_name("jaxrl-dist")
@@ -69,6 +77,28 @@ def main() -> None:
     med = statistics.median(times)
     write_json(opts.out, {"meta": machine_info(), "seconds": times, "median": med})
     print(f"median {med:.2f} s over {len(times)} launches")
+
+
+ERRORS = {"key": "algo.lrr=1e-3", "type": "algo.lr=fast", "range": "env.num_envs=0", "preset": "env=cartpol"}
+
+
+def errors(opts) -> None:
+    """Launch to the one-line error of each kind of bad config; medians."""
+    from common import machine_info, write_json
+
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="first_error-") as tmp:
+        for kind, override in ERRORS.items():
+            cmd = [str(script), "train", override, f"run.dir={tmp}/{kind}"]
+            first_text(cmd, b"error:")  # warm-up
+            times = []
+            for _ in range(opts.launches):
+                seconds, shown = first_text(cmd, b"error:")
+                times.append(seconds)
+            out[kind] = {"override": override, "seconds": times, "median": statistics.median(times), "line": shown}
+            print(f"{kind:7s} {override:18s} median {out[kind]['median']:.2f} s  {shown!r}", flush=True)
+    write_json(opts.out, {"meta": machine_info(), "errors": out})
 
 
 if __name__ == "__main__":

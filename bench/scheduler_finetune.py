@@ -33,7 +33,7 @@ from common import machine_info, write_json  # noqa: E402
 from scheduler_mdp import greedy, play  # noqa: E402
 
 from jaxrl_dist import scheduler_training  # noqa: E402
-from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.cli.compose import load_config  # noqa: E402
 from jaxrl_dist.scheduling import learned, mdp  # noqa: E402
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxrl_dist import scheduler_training  # noqa: E402
-from jaxrl_dist.cli import load_config  # noqa: E402
+from jaxrl_dist.cli.compose import load_config  # noqa: E402
 from jaxrl_dist.scheduling import learned, mdp, profile  # noqa: E402
 from jaxrl_dist.core.networks import make_network  # noqa: E402
 

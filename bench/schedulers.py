@@ -119,7 +119,7 @@ METRICS = ("time_to_target_s", "wall_to_target_s", "cost_to_target_usd", "final_
 
 
 def task_env_id(task: str) -> str:
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
 
     return load_config(TASKS[task]["overrides"]).env.id
 
@@ -187,7 +187,7 @@ def run_one(task: str, overrides: list, root: Path, limit: dict) -> dict:
     """One training run; its summary figures and its per-round series."""
     import jax
 
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
     from jaxrl_dist.trainers.runner import train
 
     run_dir = root / hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:12]

@@ -99,7 +99,7 @@ def remote_workload(row: dict, meta: dict) -> Workload:
     sync, args = row["mode"] == "sync", meta.get("args", {})
     K = int(_num(row, "batch_chunks", 4))
     actors = int(_num(row, "shards", _num(row, "actors_start", K)))
-    balance = bool(_num(row, "balance", args.get("balance", True))) and not sync  # async.balance's default
+    balance = bool(_num(row, "balance", args.get("balance", True))) and not sync  # asynchronous.balance's default
     instances = _num(row, "instances")
     return Workload(mode=row["mode"], actors=actors, batch_chunks=K,
                     max_staleness=0 if sync else int(_num(row, "max_staleness", 1)),

@@ -37,7 +37,7 @@ COMMON = ["env=cartpole", "run.progress=false", "run.tensorboard=false"]
 TARGET = ["run.target_return=475", "run.stop_at_target=true"]
 TRAINERS = {  # the fused trainer runs its whole budget (it takes no target)
     "sync": ["trainer=sync", "backend=local", "scheduler=fixed", "scheduler.num_shards=4", *TARGET],
-    "async": ["trainer=async", "backend=local", "async.actors=4", "async.batch_chunks=4", *TARGET],
+    "async": ["trainer=async", "backend=local", "asynchronous.actors=4", "asynchronous.batch_chunks=4", *TARGET],
     "fused": ["trainer=fused"],
 }
 

@@ -1,34 +1,73 @@
-"""Frozen dataclass configs for every group, strict loading and validation.
+"""The config: dataclasses that are the library's typed config and Hydra's schema at once.
 
-The library takes these objects; Hydra and YAML live only in `cli.py`.
+The CLI stores them in Hydra's ConfigStore (structured configs), so Hydra and OmegaConf
+do the typed merge and the unknown-key error; `from_dict` runs the same merge for
+library callers. Range and cross-field checks live with the dataclass they check
+(`check`), and `validate` runs them. The built-in backends and schedulers declare
+their own keys as subclasses (`RayBackendConfig`, `AdaptSchedulerConfig`, ...), which
+their presets select; a plugin declares an `Options` dataclass read from `.options`.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class ConfigError(ValueError):
     """A bad config value; the message names the key."""
 
 
-@dataclass(frozen=True)
+def require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _positive(prefix: str, obj, *keys: str) -> None:
+    for key in keys:
+        value = getattr(obj, key)
+        require(_is_number(value) and value > 0, f"{prefix}.{key} must be positive, got {value!r}")
+
+
+def _optional(prefix: str, obj, key: str, ok, what: str) -> None:
+    """`obj.key` is null or passes `ok`."""
+    value = getattr(obj, key)
+    require(value is None or (_is_number(value) and ok(value)), f"{prefix}.{key} must be {what} or null, got {value!r}")
+
+
+def resolve_auto(value, key: str, continuous: bool) -> bool:
+    if value == "auto":
+        return continuous
+    require(isinstance(value, bool), f"{key}: expected true, false or auto, got {value!r}")
+    return value
+
+
+@dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
     suite: str = "auto"  # gymnax | envpool | brax | a plugin's name | auto (the first suite with env.id)
     num_envs: int = 4
-    normalize_obs: Union[bool, str] = "auto"  # auto: on for continuous actions
-    normalize_reward: Union[bool, str] = "auto"
+    normalize_obs: Any = "auto"  # true | false | auto: on for continuous actions
+    normalize_reward: Any = "auto"
     clip_obs: float = 10.0
     clip_reward: float = 10.0
     num_threads: int = 0  # envpool worker threads; 0 lets envpool choose
-    kwargs: dict = field(default_factory=dict)  # extra arguments to the env maker
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # extra arguments to the env maker
+
+    def check(self) -> None:
+        _positive("env", self, "num_envs")
+        for key in ("normalize_obs", "normalize_reward"):
+            resolve_auto(getattr(self, key), f"env.{key}", False)
 
 
-@dataclass(frozen=True)
+@dataclass
 class AlgoConfig:
     name: str = "ppo"
     total_timesteps: int = 500_000
@@ -50,14 +89,33 @@ class AlgoConfig:
     norm_adv: bool = True
     adam_eps: float = 1e-5
     network: str = "auto"  # mlp | cnn | auto (cnn for image observations) | a plugin's name
-    network_options: dict = field(default_factory=dict)  # a plugin network's options
+    network_options: Dict[str, Any] = field(default_factory=dict)  # a plugin network's options
     loss: str = "ppo"  # ppo (clipped surrogate) | a plugin's name
-    loss_options: dict = field(default_factory=dict)  # a plugin loss's options
-    hidden_sizes: tuple = (64, 64)
+    loss_options: Dict[str, Any] = field(default_factory=dict)  # a plugin loss's options
+    hidden_sizes: Tuple[int, ...] = (64, 64)
     activation: str = "tanh"  # tanh | relu
 
+    def check(self) -> None:
+        _positive("algo", self, "total_timesteps", "num_steps", "update_epochs", "num_minibatches", "lr")
+        _optional("algo", self, "minibatch_size", lambda v: isinstance(v, int) and v > 0, "a positive integer")
+        require(self.name == "ppo", f"algo.name: only 'ppo' is available, got {self.name!r}")
+        require(self.activation in ("tanh", "relu"), f"algo.activation must be tanh or relu, got {self.activation!r}")
+        for key in ("gamma", "gae_lambda"):
+            require(0.0 <= getattr(self, key) <= 1.0, f"algo.{key} must be in [0, 1], got {getattr(self, key)}")
+        require(bool(self.hidden_sizes) and all(h > 0 for h in self.hidden_sizes),
+                f"algo.hidden_sizes must be positive sizes, got {list(self.hidden_sizes)}")
 
-@dataclass(frozen=True)
+    def check_split(self, batch: int, what: str) -> None:
+        """The batch splits evenly into minibatches (by count, or by `minibatch_size`)."""
+        if self.minibatch_size is not None:
+            require(batch % self.minibatch_size == 0,
+                    f"algo.minibatch_size={self.minibatch_size} does not divide {what}={batch}")
+        else:
+            require(batch % self.num_minibatches == 0,
+                    f"algo.num_minibatches={self.num_minibatches} does not divide {what}={batch}")
+
+
+@dataclass
 class RunConfig:
     dir: Optional[str] = None  # run directory; default outputs/DATE/TIME
     checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
@@ -82,8 +140,18 @@ class RunConfig:
     deadline_s: Optional[float] = None  # stop before a round would take the modeled clock past this
     max_rounds: Optional[int] = None  # stop after this many rounds
 
+    def check(self) -> None:
+        _positive("run", self, "log_chunks", "target_episodes")
+        require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        require(self.checkpoint_every_s >= 0,  # NaN too
+                f"run.checkpoint_every_s must be >= 0 (0: off), got {self.checkpoint_every_s}")
+        _optional("run", self, "target_return", math.isfinite, "a number")
+        _optional("run", self, "budget_usd", lambda v: v > 0, "a positive number")
+        _optional("run", self, "deadline_s", lambda v: v > 0, "a positive number of seconds")
+        _optional("run", self, "max_rounds", lambda v: v > 0, "a positive integer")
 
-@dataclass(frozen=True)
+
+@dataclass
 class LoggerConfig:
     """Experiment trackers beside metrics.jsonl and TensorBoard (`run.tensorboard`)."""
 
@@ -97,8 +165,14 @@ class LoggerConfig:
     # of 976 updates feels (bench/wandb_overhead.py); metrics.jsonl and TensorBoard keep all
     wandb_per_chunk: int = 4
 
+    def check(self) -> None:
+        require(self.wandb_per_chunk >= 0,
+                f"logger.wandb_per_chunk must be >= 0 (0: every record), got {self.wandb_per_chunk}")
+        require(self.wandb_mode in (None, "online", "offline", "disabled"),
+                f"logger.wandb_mode: {self.wandb_mode!r} is not online, offline, disabled or null")
 
-@dataclass(frozen=True)
+
+@dataclass
 class EvalConfig:
     """`jaxrl-dist eval RUN_DIR eval.KEY=VALUE`: what `evaluation.evaluate` runs."""
 
@@ -110,106 +184,156 @@ class EvalConfig:
     video: bool = False  # an MP4 of episode 0 (RUN_DIR/eval.mp4): gymnax classic control, MinAtar, Atari
     video_fps: int = 30
 
-
-# env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'
-DEFAULT_ALLOWED_ENVS = ("CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
-                        "Breakout-MinAtar", "Pong-v5", "Breakout-v5", "Qbert-v5",
-                        "SpaceInvaders-v5", "Gravitar-v5", "Hopper-v3", "HalfCheetah-v3",
-                        "Humanoid-v3")
+    def check(self) -> None:
+        _positive("eval", self, "episodes", "max_steps", "video_fps")
 
 
-@dataclass(frozen=True)
+# --- where shards run, and how many -----------------------------------------------------------
+
+
+@dataclass
 class BackendConfig:
-    """Where actor shards run (for `trainer=sync` and `trainer=async`)."""
+    """Where actor shards run (`trainer=sync` and `trainer=async`): the keys every backend
+    has. A built-in's own keys are its subclass's (`backend=ray` -> `RayBackendConfig`);
+    a plugin's are its `Options`, given under `backend.options`."""
 
     name: str = "local"  # local | ray | http | a plugin's name
-    options: dict = field(default_factory=dict)  # a plugin backend's options
+    options: Dict[str, Any] = field(default_factory=dict)  # a plugin backend's options
     max_shards: int = 32  # slots: envs whose episodes continue across rounds
     envs_per_shard: int = 4
     shard_timeout: float = 60.0  # seconds before a shard is retried
     max_retries: int = 2  # extra tries of a failed shard, with the same keys
     retry_backoff_s: float = 0.05  # the first wait before a retry (jittered); it doubles each try ...
     retry_backoff_max_s: float = 2.0  # ... up to this (a 429/503 Retry-After can ask for longer)
-    address: Optional[str] = None  # ray: cluster address ("auto", "ray://h:p"); null starts one
-    num_cpus: float = 1.0  # ray: CPUs reserved per actor (fractions allowed)
-    memory_mb: Optional[float] = None  # ray: memory reserved per actor (null: none reserved)
-    urls: tuple = ()  # http: function endpoints
-    # http: bearer token, for library callers (the CLI refuses it, and config.yaml never
-    # holds it); null reads `token_file`, else $JAXRL_DIST_TOKEN
-    token: Optional[str] = None
-    token_file: Optional[str] = None  # http: a file whose contents are the bearer token
-    compression: str = "deflate"  # http: deflate | none
-    # injected stragglers (benchmarks): one shard in `slow_every` runs `slowdown` times slower
-    # (see `rounds.straggle`)
+    # injected stragglers on any backend (benchmarks): one shard in `slow_every` runs
+    # `slowdown` times slower (see `trainers.sync.straggle`)
     slowdown: float = 1.0
     slow_every: int = 4
 
-
-def check_scheduler(cfg) -> None:
-    """Checks of `SchedulerConfig` on its own (run when it is built); the bound
-    against `backend.max_shards` is checked by `shard_range`."""
-    for key in ("min_shards", "window", "step", "every"):
-        value = getattr(cfg, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"scheduler.{key} must be a positive integer, got {value!r}")
-    if cfg.max_shards is not None and (not isinstance(cfg.max_shards, int) or cfg.max_shards < 1):
-        raise ConfigError(f"scheduler.max_shards must be a positive integer or null, got {cfg.max_shards!r}")
-    if cfg.max_shards is not None and cfg.min_shards > cfg.max_shards:
-        raise ConfigError(f"scheduler.min_shards={cfg.min_shards} exceeds scheduler.max_shards={cfg.max_shards}")
-    for key in ("min_return", "max_return"):
-        value = getattr(cfg, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            raise ConfigError(f"scheduler.{key} must be a number or null, got {value!r}")
-    if None not in (cfg.min_return, cfg.max_return) and cfg.min_return >= cfg.max_return:
-        raise ConfigError(f"scheduler.min_return={cfg.min_return} must be below "
-                          f"scheduler.max_return={cfg.max_return}")
+    def check(self) -> None:
+        _positive("backend", self, "max_shards", "envs_per_shard", "shard_timeout", "slow_every")
+        for key in ("max_retries", "retry_backoff_s", "retry_backoff_max_s"):
+            require(getattr(self, key) >= 0, f"backend.{key} must be >= 0, got {getattr(self, key)}")
+        require(self.slowdown >= 1.0, f"backend.slowdown must be >= 1 (a factor), got {self.slowdown}")
 
 
-@dataclass(frozen=True)
+@dataclass
+class RayBackendConfig(BackendConfig):
+    name: str = "ray"
+    address: Optional[str] = None  # cluster address ("auto", "ray://h:p"); null starts one on loopback
+    num_cpus: float = 1.0  # CPUs reserved per actor (fractions allowed)
+    memory_mb: Optional[float] = None  # memory reserved per actor (null: none reserved)
+
+    def check(self) -> None:
+        super().check()
+        require(self.num_cpus >= 0, f"backend.num_cpus must be >= 0 (fractions allowed), got {self.num_cpus}")
+        _optional("backend", self, "memory_mb", lambda v: 0 < v < math.inf, "a positive number of MB")
+
+
+@dataclass
+class HttpBackendConfig(BackendConfig):
+    name: str = "http"
+    urls: List[str] = field(default_factory=list)  # function endpoints
+    # bearer token, for library callers (the CLI refuses it, and config.yaml never holds
+    # it); null reads `token_file`, else $JAXRL_DIST_TOKEN
+    token: Optional[str] = None
+    token_file: Optional[str] = None  # a file whose contents are the bearer token
+    compression: str = "deflate"  # deflate | none
+
+    def check(self) -> None:
+        super().check()
+        require(self.compression in ("deflate", "none"),
+                f"backend.compression must be deflate or none, got {self.compression!r}")
+        require(bool(self.urls), "backend.urls: the http backend needs at least one endpoint")
+        for i, url in enumerate(self.urls):
+            check_url(url, f"backend.urls[{i}]")
+
+
+def check_url(url, key: str) -> None:
+    """An endpoint is `http(s)://host[:port][/path]`, checked here rather than at the
+    first request, where the error would name the URL but not the key."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0..65535
+        why = ("the scheme must be http or https" if parts.scheme not in ("http", "https")
+               else "no host" if not parts.hostname else "port 0" if port == 0 else None)
+    except (ValueError, TypeError, AttributeError) as err:
+        why = str(err)
+    require(why is None, f"{key}: {url!r} is not an http(s) URL like http://HOST:PORT ({why})")
+
+
+@dataclass
 class SchedulerConfig:
-    """How many shards each round runs (`jaxrl_dist/scheduling/schedulers.py`)."""
+    """How many shards each round runs (`jaxrl_dist/scheduling/schedulers.py`): the keys
+    every scheduler has; `fixed` and `max` take no others."""
 
-    name: str = "fixed"  # fixed | max | adapt | ramp | a plugin's name
-    num_shards: int = 4  # fixed: shards per round
+    name: str = "fixed"  # fixed | max | adapt | ramp | learned | a plugin's name
+    num_shards: int = 4  # fixed: shards per round (the async trainer: actors at the start)
     min_shards: int = 1  # adapt, ramp: fewest shards
-    max_shards: Optional[int] = None  # max, adapt, ramp: most shards; null: backend.max_shards
-    min_return: Optional[float] = None  # adapt: return at min_shards; null: running min
-    max_return: Optional[float] = None  # adapt: return at max_shards; null: running max
-    window: int = 5  # adapt: rounds (with a return) averaged
-    step: int = 1  # ramp: shards added ...
-    every: int = 2  # ramp: ... every this many rounds
-    path: Optional[str] = None  # learned: a trained scheduler file; null: the shipped default
+    max_shards: Optional[int] = None  # max, adapt, ramp, learned: most shards; null: backend.max_shards
+    # the task's return range (adapt, learned); null: the running min/max
+    min_return: Optional[float] = None
+    max_return: Optional[float] = None
+    options: Dict[str, Any] = field(default_factory=dict)  # a plugin scheduler's options
+
+    def check(self) -> None:
+        _positive("scheduler", self, "num_shards", "min_shards")
+        _optional("scheduler", self, "max_shards", lambda v: isinstance(v, int) and v > 0, "a positive integer")
+        require(self.max_shards is None or self.min_shards <= self.max_shards,
+                f"scheduler.min_shards={self.min_shards} exceeds scheduler.max_shards={self.max_shards}")
+        for key in ("min_return", "max_return"):
+            _optional("scheduler", self, key, math.isfinite, "a number")
+        require(None in (self.min_return, self.max_return) or self.min_return < self.max_return,
+                f"scheduler.min_return={self.min_return} must be below scheduler.max_return={self.max_return}")
+
+
+@dataclass
+class AdaptSchedulerConfig(SchedulerConfig):
+    name: str = "adapt"
+    window: int = 5  # rounds (with a return) averaged
+
+    def check(self) -> None:
+        super().check()
+        _positive("scheduler", self, "window")
+
+
+@dataclass
+class RampSchedulerConfig(SchedulerConfig):
+    name: str = "ramp"
+    step: int = 1  # shards added ...
+    every: int = 2  # ... every this many rounds
+
+    def check(self) -> None:
+        super().check()
+        _positive("scheduler", self, "step", "every")
+
+
+@dataclass
+class LearnedSchedulerConfig(SchedulerConfig):
+    name: str = "learned"
+    path: Optional[str] = None  # a trained scheduler file; null: the shipped default
     init_from: Optional[str] = None  # `scheduler train`: a scheduler file to fine-tune from
-    options: dict = field(default_factory=dict)  # a plugin scheduler's options
-
-    def __post_init__(self):
-        check_scheduler(self)
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """The actor function (`jaxrl-dist serve`)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000  # $PORT wins when set
-    token: Optional[str] = None  # null reads $JAXRL_DIST_TOKEN; empty string: no auth
-    max_body_mb: float = 64.0
-    allowed_envs: tuple = DEFAULT_ALLOWED_ENVS
-    # env id -> {kwarg: "bool" | {min, max} | {choices: [...]}}: the env_kwargs a request may set
-    allowed_env_kwargs: dict = field(default_factory=dict)
-    max_slot: int = 1024  # slots 0..max_slot-1
-    max_envs: int = 256  # envs per shard (spec.num_envs)
-    max_rollout_mb: float = 512.0  # one shard's trajectory, estimated from the env's observations
-    max_programs: int = 16  # compiled specs kept (least recently used out)
-    max_pools: int = 8  # envpool slot pools kept
-    max_concurrent: int = 8  # requests running or queued for the worker; beyond it 503
-    body_timeout_s: float = 10.0  # to read a request's body (408 past it)
-    header_timeout_s: float = 10.0  # to read a request's headers (the connection is closed)
-    rollout_timeout_s: float = 600.0  # one shard in the worker process, which is restarted past it
+# each group's schema by the name a preset selects; any other name is a plugin's
+SCHEMAS = {
+    "backend": {"local": BackendConfig, "ray": RayBackendConfig, "http": HttpBackendConfig},
+    "scheduler": {"fixed": SchedulerConfig, "max": SchedulerConfig, "adapt": AdaptSchedulerConfig,
+                  "ramp": RampSchedulerConfig, "learned": LearnedSchedulerConfig},
+}
 
 
-@dataclass(frozen=True)
+def schema(group: str, name: str) -> type:
+    """The dataclass of `group`'s option `name` (the group's base for a plugin)."""
+    return SCHEMAS[group].get(name, SCHEMAS[group]["local" if group == "backend" else "fixed"])
+
+
+# --- pricing, trainers ---------------------------------------------------------------------------
+
+
+@dataclass
 class CostConfig:
     """Prices and latencies of one platform (`jaxrl_dist.scheduling.cost`); the defaults are the
     `azure_aci` preset, whose sources are in `jaxrl_dist/configs/cost/azure_aci.yaml`."""
@@ -234,10 +358,19 @@ class CostConfig:
     cluster_node_hour_usd: float = 0.0
     cluster_start_s: float = 0.0  # cluster kind: start-up, billed once at the start of a run
 
+    def check(self) -> None:
+        require(self.kind in ("serverless", "cluster"), f"cost.kind must be serverless or cluster, got {self.kind!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            require(not _is_number(value) or value >= 0, f"cost.{f.name} must be >= 0, got {value}")
+        _positive("cost", self, "transfer_bytes_per_s")
+        require(self.kind != "cluster" or self.cluster_nodes >= 1,
+                f"cost.cluster_nodes: a cluster needs at least one node, got {self.cluster_nodes}")
 
-@dataclass(frozen=True)
+
+@dataclass
 class AsyncConfig:
-    """The async trainer (`trainer=async`, `jaxrl_dist/trainers/asynchronous.py`); YAML key `async`."""
+    """The async trainer (`trainer=async`, `jaxrl_dist/trainers/asynchronous.py`); key `asynchronous`."""
 
     max_staleness: int = 1  # params versions a learned-from chunk may lag the learner by
     batch_chunks: int = 4  # chunks (one shard's rollout each) per learner update
@@ -250,11 +383,21 @@ class AsyncConfig:
     rho_bar: float = 1.0  # V-trace truncation of the importance weights (targets)
     c_bar: float = 1.0  # V-trace truncation of the trace coefficients
 
+    def check(self, max_shards: int) -> None:
+        require(self.max_staleness >= 0, f"asynchronous.max_staleness must be >= 0, got {self.max_staleness}")
+        _positive("asynchronous", self, "batch_chunks", "min_actors", "balance_every", "balance_tolerance",
+                  "rho_bar", "c_bar")
+        top = self.max_actors if self.max_actors is not None else max_shards
+        require(top <= max_shards, f"asynchronous.max_actors={top} exceeds backend.max_shards={max_shards}")
+        start = self.actors if self.actors is not None else self.batch_chunks
+        require(self.min_actors <= start <= top, f"asynchronous.actors={start} is outside "
+                f"asynchronous.min_actors..max_actors ({self.min_actors}..{top})")
+
 
 TRAINERS = ("fused", "sync", "async")
 
 
-@dataclass(frozen=True)
+@dataclass
 class DistributedConfig:
     """One training run over several processes on JAX's own distributed runtime
     (`trainer.distributed.*`; `jaxrl-dist launch` sets them for each process it starts)."""
@@ -264,8 +407,18 @@ class DistributedConfig:
     process_id: int = 0
     timeout_s: int = 60  # a coordinator not reached (or a peer missing) within this fails the run
 
+    def check(self) -> None:
+        require(self.num_processes >= 1 and 0 <= self.process_id < self.num_processes,
+                f"trainer.distributed.process_id={self.process_id} is outside 0..{self.num_processes - 1} "
+                f"(trainer.distributed.num_processes={self.num_processes})")
+        _positive("trainer.distributed", self, "timeout_s")
+        require(self.num_processes == 1 or bool(self.coordinator),
+                "trainer.distributed.coordinator: several processes need HOST:PORT of process 0's coordinator")
+        require(not self.coordinator or bool(re.fullmatch(r"[\w.\-]+:\d{1,5}", self.coordinator)),
+                f"trainer.distributed.coordinator must be HOST:PORT, got {self.coordinator!r}")
 
-@dataclass(frozen=True)
+
+@dataclass
 class TrainerConfig:
     """Which trainer runs (`trainer=fused|sync|async`); its own keys live beside `name`."""
 
@@ -278,15 +431,50 @@ class TrainerConfig:
     seed_axis: int = 1  # devices of the mesh's seeds axis (fused; must divide num_seeds)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
+    def check(self, num_seeds: int) -> None:
+        require(self.name in TRAINERS, f"trainer: unknown trainer {self.name!r} (choose from: {', '.join(TRAINERS)})")
+        count = requested_devices(self)
+        _positive("trainer", self, "seed_axis")
+        require(num_seeds % self.seed_axis == 0,
+                f"trainer.seed_axis={self.seed_axis} does not divide num_seeds={num_seeds}")
+        require(count is None or count % self.seed_axis == 0,
+                f"trainer.seed_axis={self.seed_axis} does not divide trainer.devices={count}")
+        self.distributed.check()
+        require(self.distributed.num_processes == 1 or self.name == "fused",
+                f"trainer.distributed.num_processes={self.distributed.num_processes}: several processes "
+                f"train with trainer=fused only (trainer={self.name})")
 
-@dataclass(frozen=True)
+
+def requested_devices(t: TrainerConfig) -> Optional[int]:
+    """`trainer.devices` as a count; None for `all`."""
+    value = str(t.devices).strip().lower()
+    if value == "all":
+        return None
+    require(value.isdigit() and int(value) >= 1, f"trainer.devices must be all or a positive integer, got {t.devices!r}")
+    return int(value)
+
+
+# the one line for the old spelling of the fused trainer (the CLI's `backend=fused` too)
+FUSED_IS_A_TRAINER = ("the fused trainer is chosen with trainer=fused now "
+                      "(backend= only says where shards run: local, ray, http)")
+# keys that moved: the old spelling -> the new one (`async` is a Python keyword)
+MOVED = {"async": "asynchronous"}
+# key prefixes each trainer never reads
+_IGNORED = {
+    "fused": ("backend", "scheduler", "asynchronous", "cost", "run.target_return", "run.stop_at_target",
+              "run.budget_usd", "run.deadline_s", "run.max_rounds", "run.target_episodes"),
+    "sync": ("asynchronous",),
+    "async": ("scheduler",),
+}
+
+
+@dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     run: RunConfig = field(default_factory=RunConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -294,9 +482,169 @@ class Config:
     seed: int = 0
     num_seeds: int = 1
 
+    def check(self) -> None:
+        """Every part's own checks, then the ones across parts."""
+        require(self.num_seeds > 0, f"num_seeds must be positive, got {self.num_seeds}")
+        for part in (self.env, self.algo, self.run, self.cost, self.logger):
+            part.check()
+        require(self.backend.name != "fused", f"backend=fused: {FUSED_IS_A_TRAINER}")
+        self.trainer.check(self.num_seeds)
+        batch = self.env.num_envs * self.algo.num_steps
+        if self.trainer.name == "fused":
+            self.algo.check_split(batch, "the batch env.num_envs*algo.num_steps")
+        else:
+            self._check_rounds()
+        require(self.algo.total_timesteps >= batch,
+                f"algo.total_timesteps={self.algo.total_timesteps} is smaller than one batch ({batch})")
 
-# YAML keys that are Python keywords, and the fields that hold them
-KEY_ALIASES = {"async": "asynchronous"}
+    def _check_rounds(self) -> None:
+        """The round trainers' keys (checked only when a shard backend is chosen)."""
+        b, s = self.backend, self.scheduler
+        b.check()
+        s.check()
+        require(not (s.name == "fixed" and s.num_shards > b.max_shards and self.trainer.name == "sync"),
+                f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
+        require(self.num_seeds == 1, f"num_seeds: the round trainer trains one seed, got {self.num_seeds}")
+        self.algo.check_split(b.envs_per_shard * self.algo.num_steps,
+                              "one shard's batch backend.envs_per_shard*algo.num_steps")
+        if self.trainer.name == "async":
+            self.asynchronous.check(b.max_shards)
+
+    def check_used(self, keys: Sequence[str]) -> None:
+        """A key the user set that the chosen trainer ignores is an error naming it."""
+        name = self.trainer.name
+        for key in keys:
+            if any(key == p or key.startswith(p + ".") for p in _IGNORED.get(name, ())):
+                what = " (set trainer=sync or async, or drop the key)" if name == "fused" else "; drop the key"
+                raise ConfigError(f"{key}: trainer={name} does not use it{what}")
+        require(not ("algo.num_minibatches" in keys and self.algo.minibatch_size is not None),
+                f"algo.num_minibatches: ignored while algo.minibatch_size={self.algo.minibatch_size} is set; "
+                "set algo.minibatch_size=null to use it")
+
+
+def validate(cfg: Config) -> Config:
+    """Check a config without touching JAX; raises `ConfigError` naming the key."""
+    cfg.check()
+    return cfg
+
+
+# --- the typed merge, for library callers and saved runs ---------------------------------------
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, else ''."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def config_keys(tree: dict, prefix: str = "") -> list:
+    """Every dotted key of a plain nested config, mappings too (not inside open mappings)."""
+    out = []
+    for key, value in tree.items():
+        out.append(f"{prefix}{key}")
+        if isinstance(value, dict) and key not in ("options", "kwargs", "allowed_env_kwargs"):
+            out += config_keys(value, f"{prefix}{key}.")
+    return out
+
+
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """The one line for a key the schema lacks: where it moved, or the closest key."""
+    head, _, rest = key.partition(".")
+    if head in MOVED:
+        new = f"{MOVED[head]}.{rest}" if rest else MOVED[head]
+        return f"'{key}': the {head} trainer's keys are {MOVED[head]}.* now (use {new})"
+    owners = [name for name, cls in SCHEMAS.get(head, {}).items() if rest in {f.name for f in dataclasses.fields(cls)}]
+    if owners:
+        return f"'{key}': only {' and '.join(f'{head}={o}' for o in owners)} take this key"
+    return f"unknown config key '{key}'{did_you_mean(key, known)}"
+
+
+def omegaconf_message(err: Exception, known: Sequence[str] = (), prefix: str = "") -> str:
+    """One line for OmegaConf's merge errors: the key, and what is wrong with it."""
+    key = prefix + (getattr(err, "full_key", "") or "")
+    text = str(err).split("\n")[0]
+    if re.search(r"not in struct|not a field|Key '[^']*' not in '", text):
+        return unknown_key(key, [prefix + k for k in known])
+    return f"{key}: {text}" if key else text
+
+
+def _tuples(obj):
+    """Fields declared as tuples come back from OmegaConf as lists: make them tuples again
+    (hashable, as the networks' static arguments need)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _tuples(value)
+        elif isinstance(value, list) and str(f.type).startswith(("Tuple", "tuple")):
+            setattr(obj, f.name, tuple(value))
+    return obj
+
+
+def from_omegaconf(node) -> "Config":
+    """The `Config` of a composed, typed OmegaConf config (its keys but `hydra`)."""
+    from omegaconf import OmegaConf
+
+    obj = OmegaConf.to_object(node)
+    if isinstance(obj, dict):  # Hydra's root node is a plain mapping of typed parts
+        obj = Config(**{f.name: obj[f.name] for f in dataclasses.fields(Config)})
+    return _tuples(obj)
+
+
+def typed(schema_obj, data, prefix: str = ""):
+    """A dataclass (the class, or an instance whose field types and defaults to start from)
+    filled from a plain mapping by OmegaConf's typed merge; `ConfigError` names
+    `prefix + key` of an unknown key or a value of the wrong type."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    node = OmegaConf.structured(schema_obj)
+    try:
+        return _tuples(OmegaConf.to_object(OmegaConf.merge(node, data or {})))
+    except OmegaConfBaseException as err:
+        raise ConfigError(omegaconf_message(err, config_keys(OmegaConf.to_container(node)), prefix)) from None
+
+
+def from_dict(data: dict, user_keys: Sequence[str] = ()) -> Config:
+    """A checked `Config` from nested plain dicts (OmegaConf's typed merge: unknown keys and
+    wrong types are errors naming the key); a key in `user_keys` (the keys a user set)
+    that the chosen trainer ignores is an error too. `trainer` may be a plain name."""
+    data = dict(data or {})
+    for old in MOVED:
+        require(old not in data, unknown_key(old, ()))
+    if isinstance(data.get("trainer"), str):
+        data["trainer"] = {"name": data["trainer"]}
+    start = Config()
+    for group in SCHEMAS:  # a backend's or scheduler's name selects its schema
+        name = (data.get(group) or {}).get("name") if isinstance(data.get(group), dict) else None
+        if isinstance(name, str):
+            setattr(start, group, schema(group, name)())
+    cfg = validate(typed(start, data))
+    cfg.check_used(list(user_keys))
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict of a config (tuples as lists), for YAML/JSON."""
+
+    def plain(x):
+        if isinstance(x, (tuple, list)):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def without_secrets(data: dict) -> dict:
+    """A `to_dict` config with its secrets (`backend.token`) taken out: what is saved
+    with a run or sent to a tracker."""
+    if (data.get("backend") or {}).get("token") is None:
+        return data
+    return {**data, "backend": {**data["backend"], "token": None}}
+
+
+# --- values derived from a checked config -----------------------------------------------------
 
 
 class Derived(NamedTuple):
@@ -309,397 +657,9 @@ class Derived(NamedTuple):
     normalize_reward: bool
 
 
-def coerce(value: Any, default: Any, key: str) -> Any:
-    """Cast a YAML/CLI value to the type of the field's default."""
-    if isinstance(default, bool) or (isinstance(default, str) and isinstance(value, bool)):
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if isinstance(default, tuple):
-        if isinstance(value, (list, tuple)):
-            return tuple(value)
-        raise ConfigError(f"{key}: expected a list, got {value!r}")
-    if isinstance(default, dict):
-        if isinstance(value, dict):
-            return dict(value)
-        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-    return value
-
-
-def _build(cls, data: dict, prefix: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    defaults = cls()
-    kwargs = {}
-    for key_name, value in (data or {}).items():
-        name = KEY_ALIASES.get(key_name, key_name) if not prefix else key_name
-        key = f"{prefix}{key_name}"
-        if name not in fields:
-            raise ConfigError(f"unknown config key '{key}'")
-        default = getattr(defaults, name)
-        if dataclasses.is_dataclass(default):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-            kwargs[name] = _build(type(default), value, key + ".")
-        elif value is None:
-            kwargs[name] = None
-        else:
-            kwargs[name] = coerce(value, default, key) if default is not None else value
-    return cls(**kwargs)
-
-
-def from_dict(data: dict, user_keys=()) -> Config:
-    """Build a `Config` from nested plain dicts; unknown keys are errors, and so is a
-    key in `user_keys` (the keys a user set: the CLI's overrides) that the chosen
-    trainer ignores. `trainer` may be given as a plain name (`{"trainer": "sync"}`)."""
-    data = dict(data or {})
-    if isinstance(data.get("trainer"), str):
-        data["trainer"] = {"name": data["trainer"]}
-    cfg = validate(_build(Config, data, ""))
-    check_used(cfg, user_keys)
-    return cfg
-
-
-# the one line for the old spelling of the fused trainer (the CLI's `backend=fused` too)
-FUSED_IS_A_TRAINER = ("the fused trainer is chosen with trainer=fused now "
-                      "(backend= only says where shards run: local, ray, http)")
-
-# key prefixes each trainer never reads
-_IGNORED = {
-    "fused": ("backend.", "scheduler.", "async.", "cost.", "run.target_return", "run.stop_at_target",
-              "run.budget_usd", "run.deadline_s", "run.max_rounds", "run.target_episodes"),
-    "sync": ("async.",),
-    "async": ("scheduler.",),
-}
-
-
-def check_used(cfg: Config, keys) -> None:
-    """A key the user set that the chosen trainer ignores is an error naming it."""
-    name = cfg.trainer.name
-    for key in keys:
-        if any(key == p or key.startswith(p) or f"{key}." == p for p in _IGNORED.get(name, ())):
-            what = " (set trainer=sync or async, or drop the key)" if name == "fused" else "; drop the key"
-            raise ConfigError(f"{key}: trainer={name} does not use it{what}")
-    if "algo.num_minibatches" in keys and cfg.algo.minibatch_size is not None:
-        raise ConfigError(f"algo.num_minibatches: ignored while algo.minibatch_size="
-                          f"{cfg.algo.minibatch_size} is set; set algo.minibatch_size=null to use it")
-
-
-def without_secrets(data: dict) -> dict:
-    """A `to_dict` config with its secrets (`backend.token`) taken out: what is saved
-    with a run or sent to a tracker."""
-    if (data.get("backend") or {}).get("token") is None:
-        return data
-    return {**data, "backend": {**data["backend"], "token": None}}
-
-
-def to_dict(cfg: Config) -> dict:
-    """Plain nested dict of a config (tuples as lists), for YAML/JSON."""
-
-    def plain(x):
-        if isinstance(x, tuple):
-            return [plain(v) for v in x]
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        return x
-
-    out = plain(dataclasses.asdict(cfg))
-    for key, name in KEY_ALIASES.items():
-        out[key] = out.pop(name)
-    return out
-
-
-def _resolve_auto(value, key: str, continuous: bool) -> bool:
-    if value == "auto":
-        return continuous
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(f"{key}: expected true, false or auto, got {value!r}")
-
-
-def _check_positive(cfg: Config) -> None:
-    checks = {
-        "env.num_envs": cfg.env.num_envs,
-        "algo.total_timesteps": cfg.algo.total_timesteps,
-        "algo.num_steps": cfg.algo.num_steps,
-        "algo.update_epochs": cfg.algo.update_epochs,
-        "algo.num_minibatches": cfg.algo.num_minibatches,
-        "algo.lr": cfg.algo.lr,
-        "num_seeds": cfg.num_seeds,
-        "run.log_chunks": cfg.run.log_chunks,
-        "run.target_episodes": cfg.run.target_episodes,
-    }
-    for key, value in checks.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
-    if cfg.run.checkpoint_every < 0:
-        raise ConfigError(f"run.checkpoint_every must be >= 0, got {cfg.run.checkpoint_every}")
-    if not cfg.run.checkpoint_every_s >= 0:  # NaN too
-        raise ConfigError(f"run.checkpoint_every_s must be >= 0 (0: off), got {cfg.run.checkpoint_every_s}")
-    if any(h <= 0 for h in cfg.algo.hidden_sizes) or not cfg.algo.hidden_sizes:
-        raise ConfigError(f"algo.hidden_sizes must be positive sizes, got {list(cfg.algo.hidden_sizes)}")
-
-
-def _check_rounds(cfg: Config) -> None:
-    """The round trainer's keys (checked only when a shard backend is chosen)."""
-    b, s = cfg.backend, cfg.scheduler
-    for key, value in {"backend.max_shards": b.max_shards, "backend.envs_per_shard": b.envs_per_shard,
-                       "backend.shard_timeout": b.shard_timeout,
-                       "scheduler.num_shards": s.num_shards}.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}")
-    if b.max_retries < 0:
-        raise ConfigError(f"backend.max_retries must be >= 0, got {b.max_retries}")
-    for key in ("retry_backoff_s", "retry_backoff_max_s"):
-        if getattr(b, key) < 0:
-            raise ConfigError(f"backend.{key} must be >= 0, got {getattr(b, key)}")
-    if s.name == "fixed" and s.num_shards > b.max_shards and cfg.trainer.name == "sync":
-        raise ConfigError(f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
-    if cfg.num_seeds != 1:
-        raise ConfigError(f"num_seeds: the round trainer trains one seed, got {cfg.num_seeds}")
-    if b.compression not in ("deflate", "none"):
-        raise ConfigError(f"backend.compression must be deflate or none, got {b.compression!r}")
-    shard_batch = b.envs_per_shard * cfg.algo.num_steps
-    _check_split(cfg.algo, shard_batch, "one shard's batch backend.envs_per_shard*algo.num_steps")
-    if b.name == "http" and not b.urls:
-        raise ConfigError("backend.urls: the http backend needs at least one endpoint")
-    for i, url in enumerate(b.urls):
-        _check_url(url, f"backend.urls[{i}]")
-    if not b.num_cpus >= 0:
-        raise ConfigError(f"backend.num_cpus must be >= 0 (fractions allowed), got {b.num_cpus}")
-    if b.memory_mb is not None and (isinstance(b.memory_mb, bool) or not isinstance(b.memory_mb, (int, float))
-                                    or not 0 < b.memory_mb < math.inf):
-        raise ConfigError(f"backend.memory_mb must be a positive number of MB or null, got {b.memory_mb!r}")
-    if b.slowdown < 1.0:
-        raise ConfigError(f"backend.slowdown must be >= 1 (a factor), got {b.slowdown}")
-    if b.slow_every <= 0:
-        raise ConfigError(f"backend.slow_every must be positive, got {b.slow_every}")
-
-
-def _check_url(url, key: str) -> None:
-    """An endpoint is `http(s)://host[:port][/path]`, checked here rather than at the
-    first request, where the error would name the URL but not the key."""
-    from urllib.parse import urlsplit
-
-    why = None
-    if not isinstance(url, str):
-        why = "expected a string"
-    else:
-        try:
-            parts = urlsplit(url)
-            port = parts.port  # ValueError when not a number in 0..65535
-        except ValueError as err:
-            parts, port, why = None, None, str(err)
-        if parts is not None and parts.scheme not in ("http", "https"):
-            why = "the scheme must be http or https"
-        elif parts is not None and not parts.hostname:
-            why = "no host"
-        elif port == 0:
-            why = "port 0"
-    if why:
-        raise ConfigError(f"{key}: {url!r} is not an http(s) URL like http://HOST:PORT ({why})")
-
-
-def _check_async(cfg: Config) -> None:
-    """`async.*` keys (checked when `trainer=async`)."""
-    a, b = cfg.asynchronous, cfg.backend
-    if a.max_staleness < 0:
-        raise ConfigError(f"async.max_staleness must be >= 0, got {a.max_staleness}")
-    for key in ("batch_chunks", "min_actors", "balance_every"):
-        if getattr(a, key) <= 0:
-            raise ConfigError(f"async.{key} must be positive, got {getattr(a, key)}")
-    top = a.max_actors if a.max_actors is not None else b.max_shards
-    if top > b.max_shards:
-        raise ConfigError(f"async.max_actors={top} exceeds backend.max_shards={b.max_shards}")
-    start = a.actors if a.actors is not None else a.batch_chunks
-    if not a.min_actors <= start <= top:
-        raise ConfigError(f"async.actors={start} is outside async.min_actors..max_actors "
-                          f"({a.min_actors}..{top})")
-    if not a.balance_tolerance > 0:
-        raise ConfigError(f"async.balance_tolerance must be positive, got {a.balance_tolerance}")
-    if a.rho_bar <= 0 or a.c_bar <= 0:
-        raise ConfigError("async.rho_bar and async.c_bar must be positive")
-
-
-def _check_split(a: AlgoConfig, batch: int, what: str) -> None:
-    """The batch must split evenly into minibatches (by count, or by `minibatch_size`)."""
-    mb = a.minibatch_size
-    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
-        raise ConfigError(f"algo.minibatch_size must be a positive integer or null, got {mb!r}")
-    if mb is not None and batch % mb:
-        raise ConfigError(f"algo.minibatch_size={mb} does not divide {what}={batch}")
-    if mb is None and batch % a.num_minibatches:
-        raise ConfigError(f"algo.num_minibatches={a.num_minibatches} does not divide {what}={batch}")
-
-
 def num_minibatches(a: AlgoConfig, batch: int) -> int:
     """Minibatches per epoch of a `batch`-sample update."""
     return batch // a.minibatch_size if a.minibatch_size else a.num_minibatches
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check_stops(run: RunConfig) -> None:
-    """The round trainer's stop conditions: null (off) or a sane number."""
-    if run.target_return is not None and not _is_number(run.target_return):
-        raise ConfigError(f"run.target_return: expected a number or null, got {run.target_return!r}")
-    if run.budget_usd is not None and not (_is_number(run.budget_usd) and run.budget_usd > 0):
-        raise ConfigError(f"run.budget_usd must be a positive number or null, got {run.budget_usd!r}")
-    if run.deadline_s is not None and not (_is_number(run.deadline_s) and run.deadline_s > 0):
-        raise ConfigError(f"run.deadline_s must be a positive number of seconds or null, got {run.deadline_s!r}")
-    rounds = run.max_rounds
-    if rounds is not None and not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0):
-        raise ConfigError(f"run.max_rounds must be a positive integer or null, got {rounds!r}")
-
-
-def _check_cost(c: CostConfig) -> None:
-    if c.kind not in ("serverless", "cluster"):
-        raise ConfigError(f"cost.kind must be serverless or cluster, got {c.kind!r}")
-    for f in dataclasses.fields(c):
-        value = getattr(c, f.name)
-        if _is_number(value) and value < 0:
-            raise ConfigError(f"cost.{f.name} must be >= 0, got {value}")
-    if c.transfer_bytes_per_s <= 0:
-        raise ConfigError(f"cost.transfer_bytes_per_s must be positive, got {c.transfer_bytes_per_s}")
-    if c.kind == "cluster" and c.cluster_nodes < 1:
-        raise ConfigError(f"cost.cluster_nodes: a cluster needs at least one node, got {c.cluster_nodes}")
-
-
-def validate(cfg: Config) -> Config:
-    """Check a config without touching JAX; raises `ConfigError` naming the key."""
-    _check_positive(cfg)
-    _check_stops(cfg.run)
-    _check_cost(cfg.cost)
-    if cfg.backend.name == "fused":
-        raise ConfigError(f"backend=fused: {FUSED_IS_A_TRAINER}")
-    if cfg.logger.wandb_per_chunk < 0:
-        raise ConfigError(f"logger.wandb_per_chunk must be >= 0 (0: every record), got {cfg.logger.wandb_per_chunk}")
-    if cfg.logger.wandb_mode not in (None, "online", "offline", "disabled"):
-        raise ConfigError(f"logger.wandb_mode: {cfg.logger.wandb_mode!r} is not online, offline, disabled or null")
-    if cfg.trainer.name not in TRAINERS:
-        raise ConfigError(f"trainer: unknown trainer {cfg.trainer.name!r} (choose from: {', '.join(TRAINERS)})")
-    check_trainer(cfg)
-    if cfg.trainer.name != "fused":
-        _check_rounds(cfg)
-    if cfg.trainer.name == "async":
-        _check_async(cfg)
-    if cfg.serve.max_body_mb <= 0:
-        raise ConfigError(f"serve.max_body_mb must be positive, got {cfg.serve.max_body_mb}")
-    check_serve(cfg.serve)
-    if cfg.algo.name != "ppo":
-        raise ConfigError(f"algo.name: only 'ppo' is available, got {cfg.algo.name!r}")
-    if cfg.algo.activation not in ("tanh", "relu"):
-        raise ConfigError(f"algo.activation must be tanh or relu, got {cfg.algo.activation!r}")
-    for key in ("gamma", "gae_lambda"):
-        if not 0.0 <= getattr(cfg.algo, key) <= 1.0:
-            raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg.algo, key)}")
-    batch = cfg.env.num_envs * cfg.algo.num_steps
-    if cfg.trainer.name == "fused":
-        _check_split(cfg.algo, batch, "the batch env.num_envs*algo.num_steps")
-    if cfg.algo.total_timesteps < batch:
-        raise ConfigError(
-            f"algo.total_timesteps={cfg.algo.total_timesteps} is smaller than one batch ({batch})"
-        )
-    for key in ("normalize_obs", "normalize_reward"):
-        _resolve_auto(getattr(cfg.env, key), f"env.{key}", False)
-    return cfg
-
-
-def requested_devices(t: TrainerConfig) -> Optional[int]:
-    """`trainer.devices` as a count; None for `all`."""
-    value = str(t.devices).strip().lower()
-    if value == "all":
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"trainer.devices must be all or a positive integer, got {t.devices!r}")
-    return int(value)
-
-
-def check_distributed(d: DistributedConfig) -> None:
-    """`trainer.distributed.*` by themselves."""
-    if d.num_processes < 1 or not 0 <= d.process_id < d.num_processes:
-        raise ConfigError(f"trainer.distributed.process_id={d.process_id} is outside 0.."
-                          f"{d.num_processes - 1} (trainer.distributed.num_processes={d.num_processes})")
-    if d.timeout_s <= 0:
-        raise ConfigError(f"trainer.distributed.timeout_s must be positive, got {d.timeout_s}")
-    if d.num_processes > 1 and not d.coordinator:
-        raise ConfigError("trainer.distributed.coordinator: several processes need HOST:PORT of "
-                          "process 0's coordinator")
-    if d.coordinator and not re.fullmatch(r"[\w.\-]+:\d{1,5}", d.coordinator):
-        raise ConfigError(f"trainer.distributed.coordinator must be HOST:PORT, got {d.coordinator!r}")
-
-
-def distributed_config(data: Optional[dict]) -> DistributedConfig:
-    """The checked `trainer.distributed` of a composed config's `trainer` mapping, read
-    before the rest (the processes must join before anything starts JAX's backend)."""
-    d = _build(DistributedConfig, dict((data or {}).get("distributed") or {}), "trainer.distributed.")
-    check_distributed(d)
-    return d
-
-
-def check_trainer(cfg: Config) -> None:
-    """`trainer.devices`, `trainer.seed_axis` and `trainer.distributed.*` by themselves (the
-    counts against the devices present are checked where JAX is up, `core.mesh`)."""
-    t, d = cfg.trainer, cfg.trainer.distributed
-    count = requested_devices(t)
-    if t.seed_axis < 1:
-        raise ConfigError(f"trainer.seed_axis must be positive, got {t.seed_axis}")
-    if cfg.num_seeds % t.seed_axis:
-        raise ConfigError(f"trainer.seed_axis={t.seed_axis} does not divide num_seeds={cfg.num_seeds}")
-    if count is not None and count % t.seed_axis:
-        raise ConfigError(f"trainer.seed_axis={t.seed_axis} does not divide trainer.devices={count}")
-    check_distributed(d)
-    if d.num_processes > 1 and t.name != "fused":
-        raise ConfigError(f"trainer.distributed.num_processes={d.num_processes}: several processes "
-                          f"train with trainer=fused only (trainer={t.name})")
-
-
-_PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a place
-
-
-def check_serve(serve: ServeConfig) -> None:
-    """The serve limits are positive and `serve.allowed_env_kwargs` holds rules a request's
-    values can be checked against; keys that name files or paths are never allowed."""
-    for key in ("max_slot", "max_envs", "max_rollout_mb", "max_programs", "max_pools",
-                "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s"):
-        if not getattr(serve, key) > 0:
-            raise ConfigError(f"serve.{key} must be positive, got {getattr(serve, key)}")
-    for env_id, rules in serve.allowed_env_kwargs.items():
-        if not isinstance(rules, dict):
-            raise ConfigError(f"serve.allowed_env_kwargs.{env_id}: expected a mapping of kwarg rules")
-        for name, rule in rules.items():
-            _check_kwarg_rule(f"serve.allowed_env_kwargs.{env_id}.{name}", str(name), rule)
-
-
-def _check_kwarg_rule(key: str, name: str, rule: Any) -> None:
-    if any(word in name.lower() for word in _PATH_WORDS):
-        raise ConfigError(f"{key}: paths and file names are never taken from a request")
-    if rule == "bool":
-        return
-    number = (int, float)
-    if isinstance(rule, dict) and set(rule) == {"min", "max"}:
-        low, high = rule["min"], rule["max"]
-        if any(isinstance(x, bool) or not isinstance(x, number) or not math.isfinite(x)
-               for x in (low, high)) or low > high:
-            raise ConfigError(f"{key}: min and max must be finite numbers, min <= max")
-        return
-    if isinstance(rule, dict) and set(rule) == {"choices"} and isinstance(rule["choices"], (list, tuple)):
-        for c in rule["choices"]:
-            if not isinstance(c, (bool, int, float, str)) or isinstance(c, str) and ("/" in c or "\\" in c):
-                raise ConfigError(f"{key}: choices must be plain scalars (no paths), got {c!r}")
-        return
-    raise ConfigError(f"{key}: expected \"bool\", {{min: A, max: B}} or {{choices: [...]}}, got {rule!r}")
 
 
 def derive(cfg: Config, continuous: bool = False) -> Derived:
@@ -709,6 +669,80 @@ def derive(cfg: Config, continuous: bool = False) -> Derived:
         batch_size=batch,
         minibatch_size=batch // num_minibatches(cfg.algo, batch),
         num_updates=cfg.algo.total_timesteps // batch,
-        normalize_obs=_resolve_auto(cfg.env.normalize_obs, "env.normalize_obs", continuous),
-        normalize_reward=_resolve_auto(cfg.env.normalize_reward, "env.normalize_reward", continuous),
+        normalize_obs=resolve_auto(cfg.env.normalize_obs, "env.normalize_obs", continuous),
+        normalize_reward=resolve_auto(cfg.env.normalize_reward, "env.normalize_reward", continuous),
     )
+
+
+def distributed_config(data: Optional[dict]) -> DistributedConfig:
+    """The checked `trainer.distributed` of a composed config's `trainer` mapping, read
+    before the rest (the processes must join before anything starts JAX's backend)."""
+    d = typed(DistributedConfig, (data or {}).get("distributed"), "trainer.distributed.")
+    d.check()
+    return d
+
+
+# --- the actor function's own config (`jaxrl-dist serve`) --------------------------------------
+
+# env ids a serve instance runs unless `serve.allowed_envs` says otherwise: the presets'
+DEFAULT_ALLOWED_ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar-v0",
+                        "Breakout-MinAtar", "Pong-v5", "Breakout-v5", "Qbert-v5",
+                        "SpaceInvaders-v5", "Gravitar-v5", "Hopper-v3", "HalfCheetah-v3",
+                        "Humanoid-v3"]
+_PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a place
+
+
+@dataclass
+class ServeConfig:
+    """The actor function (`jaxrl-dist serve serve.KEY=VALUE`); apart from the training config."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # $PORT wins when set
+    token: Optional[str] = None  # null reads $JAXRL_DIST_TOKEN; empty string: no auth
+    max_body_mb: float = 64.0
+    allowed_envs: List[str] = field(default_factory=lambda: list(DEFAULT_ALLOWED_ENVS))
+    # env id -> {kwarg: "bool" | {min, max} | {choices: [...]}}: the env_kwargs a request may set
+    allowed_env_kwargs: Dict[str, Any] = field(default_factory=dict)
+    max_slot: int = 1024  # slots 0..max_slot-1
+    max_envs: int = 256  # envs per shard (spec.num_envs)
+    max_rollout_mb: float = 512.0  # one shard's trajectory, estimated from the env's observations
+    max_programs: int = 16  # compiled specs kept (least recently used out)
+    max_pools: int = 8  # envpool slot pools kept
+    max_concurrent: int = 8  # requests running or queued for the worker; beyond it 503
+    body_timeout_s: float = 10.0  # to read a request's body (408 past it)
+    header_timeout_s: float = 10.0  # to read a request's headers (the connection is closed)
+    rollout_timeout_s: float = 600.0  # one shard in the worker process, which is restarted past it
+
+    def check(self) -> "ServeConfig":
+        """The limits are positive and `allowed_env_kwargs` holds rules a request's values can
+        be checked against; keys that name files or paths are never allowed."""
+        _positive("serve", self, "max_body_mb", "max_slot", "max_envs", "max_rollout_mb", "max_programs",
+                  "max_pools", "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s")
+        for env_id, rules in self.allowed_env_kwargs.items():
+            require(isinstance(rules, dict), f"serve.allowed_env_kwargs.{env_id}: expected a mapping of kwarg rules")
+            for name, rule in rules.items():
+                _check_kwarg_rule(f"serve.allowed_env_kwargs.{env_id}.{name}", str(name), rule)
+        return self
+
+
+def _check_kwarg_rule(key: str, name: str, rule: Any) -> None:
+    require(not any(word in name.lower() for word in _PATH_WORDS),
+            f"{key}: paths and file names are never taken from a request")
+    if rule == "bool":
+        return
+    if isinstance(rule, dict) and set(rule) == {"min", "max"}:
+        low, high = rule["min"], rule["max"]
+        require(all(_is_number(x) and math.isfinite(x) for x in (low, high)) and low <= high,
+                f"{key}: min and max must be finite numbers, min <= max")
+        return
+    if isinstance(rule, dict) and set(rule) == {"choices"} and isinstance(rule["choices"], (list, tuple)):
+        for c in rule["choices"]:
+            require(isinstance(c, (bool, int, float, str)) and not (isinstance(c, str) and ("/" in c or "\\" in c)),
+                    f"{key}: choices must be plain scalars (no paths), got {c!r}")
+        return
+    raise ConfigError(f"{key}: expected \"bool\", {{min: A, max: B}} or {{choices: [...]}}, got {rule!r}")
+
+
+def serve_config(data: Optional[dict] = None) -> ServeConfig:
+    """A checked `ServeConfig` from a plain mapping of `serve.*` values."""
+    return typed(ServeConfig, data, "serve.").check()

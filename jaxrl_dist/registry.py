@@ -16,12 +16,11 @@ a one-line `ConfigError` naming `<group key>.<option>`. A plugin without
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from importlib.metadata import entry_points
 from typing import Any, Dict, Mapping, Union
 
-from jaxrl_dist.config import ConfigError, coerce
+from jaxrl_dist.config import ConfigError, typed
 
 
 class Registry:
@@ -66,23 +65,16 @@ def _load(target: str) -> Any:
 
 
 def options(target: Any, given: Mapping, key: str) -> Any:
-    """`target.Options(**given)`, each value checked against its field's default type;
-    None when the plugin declares no `Options` and `given` is empty."""
+    """`target.Options` filled from `given` by OmegaConf's typed merge (the same merge the
+    config itself goes through); None when the plugin declares no `Options` and `given`
+    is empty. An unknown option, a wrong type or the plugin's own check is one line."""
     cls = getattr(target, "Options", None)
     given = dict(given or {})
     if cls is None:
         if given:
             raise ConfigError(f"{key}.{sorted(given)[0]}: this plugin takes no options")
         return None
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    defaults = cls()
-    values = {}
-    for name, value in given.items():
-        if name not in fields:
-            raise ConfigError(f"{key}.{name}: unknown option (options: {', '.join(fields) or 'none'})")
-        default = getattr(defaults, name)
-        values[name] = value if default is None or value is None else coerce(value, default, f"{key}.{name}")
     try:
-        return cls(**values)
+        return typed(cls, given, f"{key}.")
     except (TypeError, ValueError) as err:  # the plugin's own checks (__post_init__)
-        raise ConfigError(f"{key}: {err}") from err
+        raise err if isinstance(err, ConfigError) else ConfigError(f"{key}: {err}") from err

@@ -29,7 +29,7 @@ def config(run_dir: Path, trainer: str = "async", updates: int = 8, backend: dic
                  "update_epochs": 2},
         "backend": {"name": "local", "max_shards": 8, "envs_per_shard": ENVS, **(backend or {})},
         "scheduler": {"name": "fixed", "num_shards": K},
-        "async": {"batch_chunks": K, "actors": K, "balance": False, **async_},
+        "asynchronous": {"batch_chunks": K, "actors": K, "balance": False, **async_},
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False},
     })
 
@@ -95,10 +95,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
 
     from test_cli import command
 
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
 
-    over = ["trainer=async", "async.max_staleness=0", "async.balance=false", "async.batch_chunks=4",
-            "async.actors=4", "algo.total_timesteps=40960", "run.checkpoint_every=2",
+    over = ["trainer=async", "asynchronous.max_staleness=0", "asynchronous.balance=false", "asynchronous.batch_chunks=4",
+            "asynchronous.actors=4", "algo.total_timesteps=40960", "run.checkpoint_every=2",
             "run.progress=false", "run.tensorboard=false"]
     whole = train(load_config(over + [f"run.dir={tmp_path / 'whole'}"]))
     run_dir = tmp_path / "killed"
@@ -154,7 +154,7 @@ def test_actors_at_the_start_default_to_one_a_core_on_the_local_backend():
 
     def start(backend="local", **async_):
         cfg = from_dict({"trainer": "async", "backend": {"name": backend, "urls": ["http://127.0.0.1:1"]},
-                         "async": {"batch_chunks": 8, **async_}})
+                         "asynchronous": {"batch_chunks": 8, **async_}})
         return asynchronous.actor_range(cfg, BACKENDS.get(backend))
 
     assert start(max_staleness=1) == (min(8, os.cpu_count() or 1), 32)  # threads share the cores
@@ -267,9 +267,9 @@ def test_async_clock_prewarms_the_instances_the_balancer_may_start():
 
 @pytest.mark.parametrize("override, word", [
     ({"backend": {"name": "fused"}}, "trainer=fused"),
-    ({"async": {"max_staleness": -1}}, "async.max_staleness"),
-    ({"async": {"actors": 9}}, "async.actors=9"),
-    ({"async": {"stale": 1}}, "unknown config key 'async.stale'"),
+    ({"asynchronous": {"max_staleness": -1}}, "asynchronous.max_staleness"),
+    ({"asynchronous": {"actors": 9}}, "asynchronous.actors=9"),
+    ({"asynchronous": {"stale": 1}}, "unknown config key 'async.stale'"),
     ({"backend": {"name": "local", "slowdown": 0.5}}, "backend.slowdown"),
 ])
 def test_bad_async_keys_are_named(override, word):
@@ -283,7 +283,7 @@ def test_bad_async_keys_are_named(override, word):
 def test_async_through_the_cli_writes_its_metrics(tmp_path):
     from test_cli import run_cli
 
-    out = run_cli("train", "trainer=async", "async.max_staleness=2", "algo.total_timesteps=16384",
+    out = run_cli("train", "trainer=async", "asynchronous.max_staleness=2", "algo.total_timesteps=16384",
                   f"run.dir={tmp_path}", "run.progress=false")
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -42,7 +42,7 @@ def sync_config(run_dir: Path, backend: dict, rounds: int, shards: int = SHARDS,
     """`rounds` rounds of `shards` shards (`trainer=async`: updates of `shards` chunks)."""
     return from_dict({
         "trainer": trainer,
-        "async": {"batch_chunks": shards, "actors": shards, "balance": False, **async_},
+        "asynchronous": {"batch_chunks": shards, "actors": shards, "balance": False, **async_},
         "backend": {"max_shards": shards, "envs_per_shard": ENVS, "shard_timeout": TIMEOUT, **backend},
         "scheduler": {"name": "fixed", "num_shards": shards},
         "algo": {"total_timesteps": rounds * shards * ENVS * STEPS, "num_steps": STEPS},

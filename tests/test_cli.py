@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_dist import cli
-from jaxrl_dist.config import Config, from_dict
+from jaxrl_dist.cli import compose as cli
+from jaxrl_dist.config import Config, ConfigError, from_dict
 
 SUMMARY_KEYS = {
     "env_id", "final_return", "returns_per_seed", "env_steps", "wall_seconds",
@@ -102,10 +102,11 @@ def test_yaml_defaults_match_the_dataclass_defaults():
     (cartpole) sets its minibatch size, target and the adapt scheduler's range."""
     import dataclasses
 
+    from jaxrl_dist.config import LearnedSchedulerConfig
+
     expected = Config()
     expected = dataclasses.replace(
-        expected, scheduler=dataclasses.replace(expected.scheduler, name="learned", min_return=0.0,
-                                                max_return=500.0),
+        expected, scheduler=LearnedSchedulerConfig(min_return=0.0, max_return=500.0),
         trainer=dataclasses.replace(expected.trainer, name="sync"),
         algo=dataclasses.replace(expected.algo, minibatch_size=128),
         run=dataclasses.replace(expected.run, target_return=475.0))
@@ -116,12 +117,12 @@ def test_yaml_defaults_match_the_dataclass_defaults():
     (["backend=fused"], "trainer=fused"),
     (["trainer=fused", "backend=ray"], "backend: trainer=fused does not use it"),
     (["trainer=fused", "scheduler.num_shards=3"], "scheduler.num_shards: trainer=fused"),
-    (["trainer=sync", "async.max_staleness=2"], "async.max_staleness: trainer=sync"),
+    (["trainer=sync", "asynchronous.max_staleness=2"], "asynchronous.max_staleness: trainer=sync"),
     (["algo.num_minibatches=7"], "algo.num_minibatches: ignored while algo.minibatch_size=128"),
     (["trainer=nope"], "unknown trainer preset 'nope'"),
 ])
 def test_a_key_the_chosen_trainer_ignores_is_one_line(overrides, key):
-    with pytest.raises(cli.CliConfigError, match=re.escape(key)):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         cli.load_config(overrides)
 
 
@@ -172,7 +173,7 @@ def test_default_train_solves_cartpole(tmp_path):
 def test_an_env_id_gets_the_defaults_that_fit_it(env_id, preset, target):
     """`env.id=X` alone takes X's own preset, else the defaults of its kind of task (by its
     spaces and suite), never CartPole's target return."""
-    from jaxrl_dist.overrides import task_preset
+    from jaxrl_dist.cli.compose import task_preset
 
     assert task_preset([f"env.id={env_id}"])[0] == f"env={preset}"
     cfg = from_dict(cli.compose([f"env.id={env_id}"]))

@@ -285,7 +285,7 @@ def test_shard_programs_take_env_num_threads():
     """`env.num_threads` reaches each slot's envpool pool (it was dropped on the way,
     leaving envpool's own choice, slower for small pools on 2 cores)."""
     pytest.importorskip("envpool")
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
     from jaxrl_dist.backends.shard import ShardProgram, ShardSpec, spec_from_config
 
     spec = spec_from_config(load_config(["env=cartpole", "env.suite=envpool", "env.num_threads=1"]),

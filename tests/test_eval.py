@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from jaxrl_dist import load_policy
-from jaxrl_dist.cli import CliConfigError, eval_options
+from jaxrl_dist.cli.eval import eval_options
+from jaxrl_dist.config import ConfigError as CliConfigError
 from jaxrl_dist.core import normalize
 from jaxrl_dist.evaluation import merge_moments
 from test_cli import run_cli

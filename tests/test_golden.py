@@ -81,7 +81,7 @@ def rounds(tmp_path, name="local", urls=(), trainer="sync", **async_):
         "backend": {"name": name, "envs_per_shard": 4, "max_shards": 4, "urls": list(urls),
                     "token": TOKEN},
         "scheduler": {"name": "fixed", "num_shards": 4},
-        "async": {"batch_chunks": 4, "actors": 4, "balance": False, **async_},
+        "asynchronous": {"batch_chunks": 4, "actors": 4, "balance": False, **async_},
         "run": {**RUN, "dir": str(tmp_path)},
     }))
 

@@ -260,7 +260,7 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["rounds"] == 100 and resumed["resumed_at_update"] == steps[-1]
 
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
 
     local = load_config(["backend=local", f"run.dir={tmp_path / 'local'}"] + overrides)
     assert train(local)["params_sha256"] == resumed["params_sha256"]
@@ -272,7 +272,7 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     slot moves to the other one, which resets that slot's envs and says so."""
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
     from jaxrl_dist.trainers.sync import init_train, make_learner
     from jaxrl_dist.trainers.runner import train
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
 import json, sys
-from jaxrl_dist.cli import CliConfigError, load_config
+from jaxrl_dist.cli.compose import load_config
+from jaxrl_dist.config import ConfigError as CliConfigError
 from jaxrl_dist.trainers.runner import train
 
 out, run = {}, sys.argv[1]

@@ -19,7 +19,7 @@ def config(run_dir, trainer="sync"):
                                      "num_minibatches": 2, "update_epochs": 1},
         "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 2},
         "scheduler": {"name": "fixed", "num_shards": 2},
-        "async": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0},
+        "asynchronous": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0},
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
     })
 

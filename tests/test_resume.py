@@ -31,7 +31,7 @@ SYNC = {"trainer": "sync", "algo": {"num_steps": 16, "total_timesteps": 2 * 64 *
         "backend": {"name": "local", "max_shards": 2, "envs_per_shard": 4},
         "scheduler": {"name": "fixed", "num_shards": 2}}
 ASYNC = {**{k: v for k, v in SYNC.items() if k != "scheduler"}, "trainer": "async",
-         "async": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}
+         "asynchronous": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}
 TRAINERS = {"fused": (FUSED, 10), "sync": (SYNC, 2), "async": (ASYNC, 2)}  # config, run.checkpoint_every
 KINDS = ["truncate", "overwrite", "garbage", "delete", "empty", "unverified"]
 
@@ -175,7 +175,7 @@ def _bad_inputs(root: Path) -> list:
 
 def test_bad_run_dirs_config_files_and_urls_are_one_line_exit_2(tmp_path, capsys):
     """In process (the same `main` the console script runs): fast, every case."""
-    from jaxrl_dist import cli
+    from jaxrl_dist.cli import compose as cli
 
     for overrides, named in _bad_inputs(tmp_path):
         code = cli.main(["train", "run.progress=false", *overrides])
@@ -210,11 +210,11 @@ KILLED = {  # overrides, updates in the whole run
                *_Q], 500),
     "sync": (["trainer=sync", "scheduler=fixed", "scheduler.num_shards=2", "backend.max_shards=2",
               "algo.num_steps=32", "algo.total_timesteps=10240", "run.checkpoint_every=5", *_Q], 40),
-    "async0": (["trainer=async", "async.max_staleness=0", "async.balance=false", "async.batch_chunks=2",
-                "async.actors=2", "backend.max_shards=2", "algo.num_steps=32", "algo.total_timesteps=10240",
+    "async0": (["trainer=async", "asynchronous.max_staleness=0", "asynchronous.balance=false", "asynchronous.batch_chunks=2",
+                "asynchronous.actors=2", "backend.max_shards=2", "algo.num_steps=32", "algo.total_timesteps=10240",
                 "run.checkpoint_every=5", *_Q], 40),
-    "async2": (["trainer=async", "async.max_staleness=2", "async.balance=false", "async.batch_chunks=2",
-                "async.actors=3", "backend.max_shards=3", "algo.num_steps=32", "algo.total_timesteps=10240",
+    "async2": (["trainer=async", "asynchronous.max_staleness=2", "asynchronous.balance=false", "asynchronous.batch_chunks=2",
+                "asynchronous.actors=3", "backend.max_shards=3", "algo.num_steps=32", "algo.total_timesteps=10240",
                 "run.checkpoint_every=5", *_Q], 40),
 }
 
@@ -250,7 +250,7 @@ def kill_at(run_dir: Path, overrides: list, records: int, delay: float, timeout:
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
     """The uninterrupted run of each `KILLED` config, made on first use."""
-    from jaxrl_dist.cli import load_config
+    from jaxrl_dist.cli.compose import load_config
 
     return runs_once(tmp_path_factory, "twin-", lambda name, run_dir: train(
         load_config(KILLED[name][0] + [f"run.dir={run_dir}"])))

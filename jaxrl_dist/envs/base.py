@@ -6,11 +6,12 @@ from typing import Any, Protocol, Tuple
 
 import jax
 
+from jaxrl_dist.config import ConfigError
 from jaxrl_dist.core.types import EnvSpec, StepOut
 
 
-class EnvMakeError(ValueError):
-    """An env id or suite that cannot be made; the message names it."""
+class EnvMakeError(ConfigError):
+    """An env id or suite that cannot be made; the message names it (a config error)."""
 
 
 class EnvAdapter(Protocol):

@@ -63,10 +63,10 @@ class Workload(NamedTuple):
 
     mode: str = "async"  # "sync" | "async"
     actors: int = 4  # sync: shards a round; async: actors at the start
-    batch_chunks: int = 4  # async.batch_chunks (K)
+    batch_chunks: int = 4  # asynchronous.batch_chunks (K)
     max_staleness: int = 1
     steps_per_chunk: int = 512  # env steps in one chunk (num_steps x envs per shard)
-    balance: bool = False  # async.balance
+    balance: bool = False  # asynchronous.balance
     min_actors: int = 1
     max_actors: Optional[int] = None  # None: `actors`
     balance_tolerance: float = 0.2

@@ -6,7 +6,7 @@ newest params it can get and tagged with that params version. On the local
 backend an actor is a thread calling the in-process shard; on Ray, a thread
 feeding the buffer from its slot's Ray actor; on HTTP, a thread whose finished
 invocation is replaced at once by a new one with the newest params. The
-learner takes `async.batch_chunks` (`K`) chunks as they arrive, runs the core's
+learner takes `asynchronous.batch_chunks` (`K`) chunks as they arrive, runs the core's
 PPO update on them and publishes the next version.
 
 **Staleness.** Chunks are numbered by tickets in the order actors claim them,
@@ -27,10 +27,10 @@ current value function. V-trace rather than IMPACT's target network: it needs
 no second set of params to store, publish and checkpoint, and where the lag
 is 0 it is GAE exactly, so the staleness-0 case is the sync trainer.
 
-**Balance.** Every `async.balance_every` updates the trainer compares actor
+**Balance.** Every `asynchronous.balance_every` updates the trainer compares actor
 production capacity (active actors / mean seconds per chunk) with learner
 consumption capacity (`K` / mean seconds per update) and starts or stops one
-actor when they differ by more than `async.balance_tolerance`. Capacities
+actor when they differ by more than `asynchronous.balance_tolerance`. Capacities
 assume each actor adds production; where actors share CPUs with each other and
 the learner, one more can make less. So the trainer also measures the chunks/s
 the learner took at each actor count, and `balance` does not step to a count
@@ -357,8 +357,8 @@ class AsyncTrainer:
         the next update computes (and stops the run at the target or budget)."""
         self._setup_run(t_start)
         first, top = actor_range(self.cfg, self.backend)  # the most actors (slots) in flight at once
-        most = (top, "async.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
-            first, "async.actors")
+        most = (top, "asynchronous.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
+            first, "asynchronous.actors")
         self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *most))
         train, version = self.state.train, int(self.state.round)
         env_steps = steps_done(history, self.learner.steps_per_shard)

@@ -31,6 +31,7 @@ intact one (`restore_latest`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -43,7 +44,7 @@ from typing import Callable, Optional
 
 import jax
 
-from jaxrl_dist.config import Config, ConfigError, from_dict, without_secrets
+from jaxrl_dist.config import MOVED, SCHEMAS, Config, ConfigError, from_dict, schema, without_secrets
 from jaxrl_dist.core.types import RunnerState
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -272,9 +273,23 @@ def load_run_config(run_dir: Path) -> Config:
         raise ConfigError(f"run.resume: {path} is not a mapping of config keys "
                           f"(it holds a {type(data).__name__})")
     try:
+        data = _saved_before_the_schemas(data)
         return from_dict(data)
     except (TypeError, ValueError) as err:  # ConfigError, or a value no check foresaw
         raise ConfigError(f"run.resume: {path}: {' '.join(str(err).split())}") from None
+
+
+def _saved_before_the_schemas(data: dict) -> dict:
+    """A config saved before `async` moved and before the backends and schedulers had
+    schemas of their own (every backend's and scheduler's keys in one mapping): moved,
+    and without the keys the chosen one never read, so an older run still resumes."""
+    data = {MOVED.get(k, k): v for k, v in data.items()}
+    for group in SCHEMAS:
+        part = data.get(group)
+        if isinstance(part, dict) and isinstance(part.get("name"), str):
+            own = {f.name for f in dataclasses.fields(schema(group, part["name"]))}
+            data[group] = {k: v for k, v in part.items() if k in own}
+    return data
 
 
 def _yaml_reason(err: Exception) -> str:

@@ -12,6 +12,7 @@ PID) and prints one line naming the process, its exit code and its log.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -130,3 +131,27 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
         return supervise(workers)
     finally:
         stop(workers)
+
+
+EPILOG = """\
+Process 0 hosts JAX's coordinator on a free loopback port (or --coordinator) and
+writes the run directory; process i > 0 logs to RUN_DIR/process_<i>/. A process
+that exits with an error stops the others, with one line naming it.
+
+examples:
+  jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused trainer.devices=all
+  jaxrl-dist launch --processes 4 trainer=fused env=breakout_minatar trainer.devices=all num_seeds=8
+"""
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jaxrl-dist launch", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, required=True, metavar="N", help="processes to start")
+    parser.add_argument("--coordinator", metavar="HOST:PORT",
+                        help="process 0's coordinator address (default 127.0.0.1 and a free port)")
+    parser.add_argument("--devices-per-process", type=int, metavar="K",
+                        help="CPU only: split each process's host into K devices")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="jaxrl-dist train overrides")
+    args = parser.parse_args(argv)
+    return launch(args.overrides, args.processes, args.coordinator, args.devices_per_process)

@@ -1,0 +1,72 @@
+"""`jaxrl-dist`: a table of subcommands, each a module of this package imported when it runs.
+
+Every bad config, whether Hydra/OmegaConf rejects the override or a check of
+`jaxrl_dist.config` rejects the value, ends the process with exit code 2 and one line
+on stderr naming the key, before anything is compiled.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from jaxrl_dist.config import ConfigError
+from jaxrl_dist.platform import configure_cpu
+
+EXIT_CONFIG_ERROR = 2
+# name -> one line of help; the module `jaxrl_dist.cli.<name>` has `main(argv) -> int`
+COMMANDS = {
+    "train": "train (a Hydra app: -m sweeps, launchers, --cfg, --info; see jaxrl-dist train --help)",
+    "serve": "serve the actor function (POST /v1/rollout) with uvicorn",
+    "eval": "evaluate a run's latest policy (writes RUN_DIR/eval.json)",
+    "report": "plot runs and sweeps (PNG, markdown)",
+    "scheduler": "train the learned scheduler (jaxrl-dist scheduler train ...)",
+    "calibrate": "measure a latency profile for the modeled clock",
+    "bench": "run the benchmark suite on this device (JSON, markdown, PNGs)",
+    "launch": "train one run over several processes (JAX distributed)",
+}
+_EPILOG = """\
+overrides (Hydra syntax):
+  env=PRESET            a preset from jaxrl_dist/configs/env/ ({presets})
+  env.id=ID env.suite=gymnax|envpool|brax
+                        any gymnax, envpool or brax id without a preset
+  algo.lr=3e-4 algo.total_timesteps=1e6 num_seeds=4 seed=1
+  run.dir=DIR run.resume=DIR run.progress=false   (jaxrl-dist train --help: every key)
+
+examples:
+  jaxrl-dist train
+  jaxrl-dist train env=hopper num_seeds=4
+  jaxrl-dist train env.id=Acrobot-v1 env.suite=gymnax algo.total_timesteps=2e5
+"""
+
+
+def _usage() -> argparse.ArgumentParser:
+    envs = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "configs" / "env").glob("*.yaml"))
+    parser = argparse.ArgumentParser(prog="jaxrl-dist", description="PPO in JAX on gymnax, envpool and brax "
+                                     "environments.", epilog=_EPILOG.format(presets=", ".join(envs)),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, text in COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    configure_cpu()  # before JAX starts: XLA reads its flags once
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["-sc"], ["--shell-completion"]):  # Hydra's completion script asks the program
+        argv = ["train", *argv]
+    if not argv or argv[0] not in COMMANDS:
+        _usage().parse_args(argv)  # prints the usage (exit 0 for --help, 2 otherwise)
+        return EXIT_CONFIG_ERROR
+    try:
+        return importlib.import_module(f"jaxrl_dist.cli.{argv[0]}").main(argv[1:])
+    except ConfigError as err:  # a check deeper down names the key as well
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

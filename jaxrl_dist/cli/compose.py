@@ -1,0 +1,157 @@
+"""The packaged Hydra configs, the schemas Hydra composes them against, and the one-line
+errors every command prints.
+
+The dataclasses of `jaxrl_dist.config` are stored in Hydra's ConfigStore: the defaults
+node, and the backend and scheduler presets (each built-in's own schema), so Hydra and
+OmegaConf do the typed merge and the unknown-key error. The YAML files only pick
+presets and set values.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
+                               from_dict, omegaconf_message, to_dict, typed, unknown_key)
+
+# inside the package, so a plain (non-editable) install finds them from any directory
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# open mappings: their keys are the env maker's or a plugin's, not the schema's
+_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+
+
+def one_line(err: Exception) -> str:
+    """An error's message on one line (whitespace runs, newlines included, made one space)."""
+    return " ".join(str(err).split())
+
+
+def presets(group: str = "env", config_dirs: Sequence[str] = ()) -> list:
+    """The options of a config group: packaged YAML, the ConfigStore's, a user's --config-dir."""
+    found = {p.stem for d in (CONFIG_DIR, *map(Path, config_dirs)) for p in (d / group).glob("*.yaml")}
+    return sorted(found | set(SCHEMAS.get(group, ())))
+
+
+def store_schemas() -> None:
+    """The dataclasses as Hydra's schema: the defaults node `config.yaml` starts from, and
+    one node per built-in backend and scheduler (its subclass, named by its preset)."""
+    store = ConfigStore.instance()
+    store.store(name="jaxrl_dist_defaults", node=Config)
+    for group, schemas in SCHEMAS.items():
+        for name, cls in schemas.items():
+            store.store(group=group, name=name, node=cls(name=name))
+
+
+def known_keys() -> list:
+    """Every key of the schema, the built-ins' own keys included (for "did you mean")."""
+    keys = config_keys(to_dict(Config()))
+    for group, schemas in SCHEMAS.items():
+        keys += [k for cls in schemas.values() for k in config_keys(to_dict(cls()), f"{group}.")]
+    return sorted(set(keys))
+
+
+def override_keys(overrides: Sequence[str]) -> list:
+    """The config keys a user's overrides set (`a.b=1` -> `a.b`; `env=pong` -> `env`)."""
+    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+
+
+def normalise(overrides: Sequence[str]) -> list:
+    """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's `++`
+    (the composed config is otherwise closed); write a whole number in exponent form
+    (`algo.total_timesteps=1e6`) as an integer, which an integer key takes (OmegaConf
+    takes no float there) and a float key reads the same; refuse the old `backend=fused`."""
+    out = []
+    for o in overrides:
+        if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
+            raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
+        key, eq, value = o.partition("=")
+        if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
+                and key[1:] not in known_keys() and not key[1:].startswith(_OPEN):
+            raise ConfigError(unknown_key(key[1:], known_keys()))  # `+` would add it to the typed config
+        if eq and re.fullmatch(r"\d+(\.\d*)?[eE]\+?\d+", value) and float(value).is_integer():
+            o = f"{key}={int(float(value))}"
+        out.append(f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o)
+    return out
+
+
+def task_preset(overrides: Sequence[str]) -> list:
+    """`overrides` with the env preset that fits an `env.id=X` given without `env=`: the
+    packaged preset of X, else `env=auto_<family>` by X's spaces and suite
+    (`envs.task_family`), so X never inherits CartPole's target return or return range.
+    Unchanged for a sweep of ids or an unknown id (the config check names it)."""
+    keys = override_keys(overrides)
+    if "env" in keys or "env.id" not in keys:
+        return list(overrides)
+    given = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
+    env_id, suite = given["env.id"].strip("'\""), given.get("env.suite", "auto")
+    if any(c in env_id for c in ",()[]"):
+        return list(overrides)
+    by_id = {}
+    for path in sorted((CONFIG_DIR / "env").glob("*.yaml")):
+        by_id.setdefault(((yaml.safe_load(path.read_text()) or {}).get("env") or {}).get("id"), path.stem)
+    preset = by_id.get(env_id)
+    if preset is None:
+        from jaxrl_dist.envs import EnvMakeError, make_env, task_family  # imports JAX: only for such ids
+
+        try:
+            preset = f"auto_{task_family(make_env(env_id, 1, suite).spec)}"
+        except EnvMakeError:
+            return list(overrides)
+    return [f"env={preset}", *overrides]
+
+
+def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
+    """One line for a Hydra/OmegaConf error, naming the key and the closest known name."""
+    if isinstance(err, OverrideParseException):
+        return f"bad override '{err.override}': {str(err).splitlines()[0]}"  # without the grammar link
+    text, cause = one_line(err), err.__cause__ or err
+    match = re.search(r"Could not (?:override|append to config\. An item is already at) '([^']+)'", text)
+    match = match or re.search(r"Error merging override (\S+?)=", text)
+    if match:
+        if isinstance(cause, OmegaConfBaseException) and not getattr(cause, "full_key", ""):
+            cause.full_key = match.group(1)
+        return omegaconf_message(cause, known_keys()) if isinstance(cause, OmegaConfBaseException) else text
+    match = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)
+    if match:
+        group, option = match.groups()
+        choices = presets(group, config_dirs)
+        return f"unknown {group} preset '{option}'{did_you_mean(option, choices)} (choose from: {', '.join(choices)})"
+    if isinstance(err, OmegaConfBaseException):
+        return omegaconf_message(err, known_keys())
+    return text
+
+
+def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
+    """The composed config as plain nested dicts (a non-train command's one compose);
+    `ConfigError` on Hydra's errors. `config_dirs` are searched before the package's."""
+    store_schemas()
+    extra = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in config_dirs)}]"
+             ] if config_dirs else []
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="jaxrl-dist"):
+            cfg = hydra_compose("config", overrides=normalise(task_preset(overrides)) + extra)
+        return OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(hydra_message(err, config_dirs)) from None
+
+
+def load_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Config:
+    """The checked `Config` of `overrides`; `ConfigError` names what is wrong."""
+    return from_dict(compose(overrides, config_dirs), override_keys(overrides))
+
+
+def options(cls, overrides: Sequence[str], group: str):
+    """`cls` from `GROUP.KEY=VALUE` overrides (eval, serve: configs apart from training's)."""
+    bad = [o for o in overrides if not o.lstrip("+").startswith(f"{group}.") or "=" not in o]
+    if bad:
+        raise ConfigError(f"bad override '{bad[0]}': this command takes {group}.KEY=VALUE")
+    given = OmegaConf.from_dotlist([o.lstrip("+")[len(group) + 1:] for o in overrides])
+    return typed(cls, given, f"{group}.")

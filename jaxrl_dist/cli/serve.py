@@ -1,0 +1,48 @@
+"""`jaxrl-dist serve`: the actor function over HTTP, with its own config (`serve.*`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Sequence
+
+from jaxrl_dist.cli.compose import options
+from jaxrl_dist.config import ConfigError, ServeConfig
+from jaxrl_dist.platform import use_unrolled_threefry
+
+EPILOG = """\
+The port is $PORT when set (the Cloud Run / Knative / Container Apps contract),
+else --port, else serve.port. A token is required: --token, serve.token or
+$JAXRL_DIST_TOKEN; serve.token='' serves without authentication.
+$JAXRL_DIST_ALLOWED_ENVS (comma-separated ids) and $JAXRL_DIST_MAX_BODY_MB set
+serve.allowed_envs and serve.max_body_mb; overrides and flags win over them.
+
+examples:
+  JAXRL_DIST_TOKEN=secret jaxrl-dist serve --port 8001
+  jaxrl-dist serve --token secret 'serve.allowed_envs=[CartPole-v1]' serve.max_body_mb=16
+"""
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="jaxrl-dist serve", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="Serve the actor function (POST /v1/rollout) with uvicorn.")
+    parser.add_argument("--host", help="interface to bind (default serve.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default $PORT, else serve.port)")
+    parser.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
+    parser.add_argument("overrides", nargs="*", metavar="serve.KEY=VALUE", help="e.g. serve.max_body_mb=16")
+    args = parser.parse_args(argv)
+    from jaxrl_dist import serve  # the HTTP stack and JAX
+
+    try:
+        base = serve.config_from_env(ServeConfig())  # the environment, then overrides and flags
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    cfg = options(base, args.overrides, "serve").check()
+    cfg = dataclasses.replace(cfg, **{k: v for k in ("host", "port", "token") if (v := getattr(args, k)) is not None})
+    if cfg.token is None and not os.environ.get("JAXRL_DIST_TOKEN"):
+        raise ConfigError("serve.token: no token; pass --token, set JAXRL_DIST_TOKEN, "
+                          "or serve.token='' to serve without authentication")
+    use_unrolled_threefry()
+    serve.serve(cfg)
+    return 0

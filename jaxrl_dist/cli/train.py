@@ -1,0 +1,337 @@
+"""`jaxrl-dist train`: a Hydra application, run by Hydra's own machinery.
+
+So everything a Hydra user reaches for works: `-m` multirun with sweeps (`seed=1,2,3`,
+`range()`, `choice()`), launchers (`hydra/launcher=joblib`, `hydra/launcher=ray`) and
+sweepers (`hydra/sweeper=optuna`, whose objective is the summary key `run.objective`),
+`--cfg`, `--info`, `--help`, `--config-dir`, `--shell-completion`, `hydra.run.dir` and
+`hydra.sweep.dir`; every run directory gets `.hydra/` (config, overrides) and a job log.
+
+Hydra composes once; the `Check` callback validates what it composed before Hydra
+writes anything (a single run's whole config; in a multirun the keys and presets of
+every sweep value), so a bad config exits 2 with one line. In a multirun each job
+checks its own values: a bad job fails with its one line, the others run, and the
+exit code is non-zero.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from jaxrl_dist.cli.compose import (CONFIG_DIR, hydra_message, known_keys, load_config, normalise, one_line,
+                                    override_keys, presets, store_schemas, task_preset)
+from jaxrl_dist.config import (Config, ConfigError, did_you_mean, distributed_config, from_omegaconf, to_dict,
+                               unknown_key, validate)
+from jaxrl_dist.trainers import status
+from jaxrl_dist.trainers.interrupt import Interrupted
+
+EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
+LOG = logging.getLogger("jaxrl_dist.train")
+RAY_LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address; this stays on loopback
+_VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+                "--config-dir", "--experimental-rerun")
+_INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
+               "--version", "--experimental-rerun")
+FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
+_state = {"checked": None, "failed": [], "sweeps": []}  # this process's validated run, failures, sweep dirs
+
+
+class JobFailed(Exception):
+    """A job's one-line failure and its exit code."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.code = code
+
+
+# --- checks on what Hydra composed, before it writes anything --------------------------------------
+
+
+def _checked(cfg, overrides: Sequence[str]) -> Config:
+    """The `Config` of a composed job config, validated once (`ConfigError` names the key)."""
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    try:
+        config = validate(from_omegaconf(job))
+    except OmegaConfBaseException as err:
+        raise ConfigError(hydra_message(err)) from None
+    config.check_used(override_keys(overrides))
+    if not config.run.resume:  # a resumed run checks the config saved with it
+        from jaxrl_dist.envs import resolve_suite  # the env suites import JAX
+
+        resolve_suite(config.env.id, config.env.suite)
+    return config
+
+
+def _check_run_dir(config: Config, run_dir: Optional[str]) -> None:
+    """A new run's directory is writable and holds no run yet; a resumed run's loads."""
+    from jaxrl_dist.trainers.rundir import check_fresh, check_usable, checkpoint  # imports JAX
+
+    if config.run.resume:
+        checkpoint.load_run_config(config.run.resume)
+        check_usable(config.run.resume, "run.resume")
+    elif run_dir:
+        check_usable(run_dir)
+        if not config.trainer.distributed.process_id:  # the others join process 0's run
+            check_fresh(run_dir)
+
+
+def _check_sweep(config, overrides: Sequence[str]) -> None:
+    """Every sweep value's key exists and takes that value; every swept preset exists."""
+    job = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        key = o.get_key_element().lstrip("+~")
+        try:
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        except Exception:  # interval(...) and tagged sweeps: for a sweeper to sample
+            continue
+        if "/" in key or key in presets_groups():
+            group = key.split("/")[-1] if key.startswith("hydra/") else key
+            if not key.startswith("hydra/"):
+                for value in values:
+                    _check_preset(group, str(value))
+            continue
+        if not key.startswith("hydra.") and OmegaConf.select(job, key, default=KeyError) is KeyError \
+                and not key.startswith(("env.kwargs.", "algo.network_options.", "algo.loss_options.",
+                                        "backend.options.", "scheduler.options.")):
+            raise ConfigError(unknown_key(key, known_keys()))
+
+
+def presets_groups() -> tuple:
+    return ("env", "algo", "backend", "scheduler", "cost", "trainer")
+
+
+def _check_preset(group: str, option: str) -> None:
+    choices = presets(group, _state.get("config_dirs", ()))
+    if option not in choices:
+        raise ConfigError(f"unknown {group} preset '{option}'{did_you_mean(option, choices)} "
+                          f"(choose from: {', '.join(choices)})")
+
+
+def _exit_on_error(check):
+    """A callback's check that ends the process with the one line and exit 2: Hydra turns
+    a callback's exceptions into warnings, and lets SystemExit through."""
+
+    def checked(self, config, **kwargs) -> None:
+        try:
+            check(self, config)
+        except ConfigError as err:
+            print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_CONFIG_ERROR) from None
+
+    return checked
+
+
+class Check(Callback):
+    """Validates what Hydra composed before it writes anything; records sweep dirs."""
+
+    @_exit_on_error
+    def on_run_start(self, config) -> None:
+        checked = _checked(config, list(config.hydra.overrides.task))
+        _check_run_dir(checked, config.hydra.run.dir)
+        _state["checked"] = checked
+        status.stop()  # the "checking the config" line main put up
+
+    @_exit_on_error
+    def on_multirun_start(self, config) -> None:
+        _check_sweep(config, list(config.hydra.overrides.task))
+        _state["sweeps"].append(Path(config.hydra.sweep.dir))
+        status.stop()
+
+
+# --- the job ------------------------------------------------------------------------------------------
+
+
+def _objective(summary: dict, key: str) -> float:
+    """`summary[key]` as a float for a sweeper; NaN where the run has none (no episode
+    ended); a key the summary lacks, or a value that is not a number, fails the job."""
+    value = summary.get(key, ...)
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) or v is None)
+        raise JobFailed(f"error: run.objective: the summary has no number '{key}' "
+                        f"(numbers: {', '.join(numeric)})", EXIT_CONFIG_ERROR)
+    return float(value)
+
+
+def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> float:
+    """Validate (a multirun job; a single run was checked before Hydra wrote anything),
+    prepare JAX, train; the summary's `run.objective` (for sweepers)."""
+    from jaxrl_dist.backends import BackendError  # imports JAX
+
+    try:
+        config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
+        if multirun and "run.progress" not in override_keys(overrides):  # parallel jobs would draw over each other
+            config.run.progress = False
+        with status.showing("loading JAX", config.run.progress):
+            from jaxrl_dist.trainers.runner import train
+
+        LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
+        summary = train(config, None if config.run.resume else output_dir)
+    except ConfigError as err:
+        raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
+    except BackendError as err:  # every retry spent; the last checkpoint is on disk
+        raise JobFailed(f"error: {one_line(err)}", EXIT_BACKEND_ERROR) from None
+    except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
+        LOG.info("%s", err)
+        print(err, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+    return _objective(summary, config.run.objective)
+
+
+def job(cfg) -> float:
+    """Hydra's task function: one training run in the job's output directory.
+
+    A failed job prints its one line, leaves it in `RUN_DIR/FAILED_FILE` (where the
+    launching process finds it, whichever process ran the job) and returns NaN, which
+    the Optuna sweeper counts as a failed trial; it does not raise, so Hydra adds no
+    lines of its own.
+    """
+    from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    overrides = list(hc.overrides.task)
+    configure_cpu()  # a launcher's worker process has not set up the CPU yet
+    use_unrolled_threefry()
+    try:
+        return _run(cfg, overrides, hc.runtime.output_dir, multirun)
+    except JobFailed as err:
+        LOG.info("failed: %s", err)
+        _state["failed"].append(err.code)
+        (Path(hc.runtime.output_dir) / FAILED_FILE).write_text(f"{err.code} {err}\n")
+        where = f" [job {hc.job.num}: {' '.join(overrides)}]" if multirun else ""
+        print(f"{err}{where}", file=sys.stderr, flush=True)
+        return math.nan
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+
+def split(argv: Sequence[str]) -> tuple:
+    """`(flags, overrides)`: Hydra's flags (with their values) and the KEY=VALUE overrides."""
+    flags, overrides, value_next = [], [], False
+    for arg in argv:
+        if value_next or arg.startswith("-"):
+            flags.append(arg)
+            value_next = not value_next and arg in _VALUE_FLAGS
+        else:
+            overrides.append(arg)
+    return flags, overrides
+
+
+def _implied(overrides: Sequence[str], multirun: bool) -> list:
+    """Hydra overrides that follow from the user's: `run.dir` (or `run.resume`) is the
+    run's Hydra output dir (in a multirun, the sweep dir); the Ray launcher stays on
+    loopback; the Optuna sweeper maximises (the objective is a return)."""
+    keys = override_keys(overrides)
+    given = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+    out = []
+    if given.get("run.resume") and "hydra.run.dir" not in keys:
+        out += [f"hydra.run.dir={given['run.resume']}", "hydra.output_subdir=.hydra/resumed"]
+    elif given.get("run.dir") not in (None, "null"):
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        out += [] if key in keys else [f"{key}={given['run.dir']}"]
+    if given.get("hydra/launcher") == "ray" and not any(k.startswith("hydra.launcher.ray.init") for k in keys):
+        out += [f"+hydra.launcher.ray.init._node_ip_address={RAY_LOOPBACK_IP}",
+                "+hydra.launcher.ray.init.include_dashboard=false"]
+    if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in keys:
+        out += ["hydra.sweeper.direction=maximize"]
+    return out
+
+
+def _join(overrides: Sequence[str]) -> None:
+    """Join a multi-process run (`trainer.distributed.*`) first: checking the config
+    imports env suites, and gymnax builds arrays as it loads, which starts JAX's
+    backend, after which a process can no longer join."""
+    given = {k[len("trainer.distributed."):]: yaml_value(v) for k, v in
+             (o.lstrip("+").split("=", 1) for o in overrides if o.startswith("trainer.distributed."))}
+    if given:
+        from jaxrl_dist.trainers import distributed
+
+        distributed.initialize(distributed_config({"distributed": given}))
+
+
+def yaml_value(text: str):
+    return OmegaConf.from_dotlist([f"v={text}"]).v
+
+
+def _hydra(argv: Sequence[str]) -> int:
+    """Run the Hydra app on `argv`; the exit code (Hydra's errors re-raised to be one line)."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own report
+    _state.update(checked=None, failed=[], sweeps=[])
+    store_schemas()
+    app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
+    saved, sys.argv = sys.argv, ["jaxrl-dist", *argv]  # hydra.main reads sys.argv; completion binds the name
+    try:
+        app()
+    except SystemExit as exit_:  # argparse's usage errors (it printed them)
+        return exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.argv = saved
+    failures = [int(f.read_text().split(" ", 1)[0]) for d in _state["sweeps"]
+                for f in sorted(d.glob(f"**/{FAILED_FILE}"))] if _state["sweeps"] else _state["failed"]
+    return failures[0] if failures else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """`jaxrl-dist train ARGV`: Hydra's flags and KEY=VALUE overrides."""
+    flags, users = split(argv)
+    if "--print-config" in flags:  # the composed config as the library takes it
+        print(OmegaConf.to_yaml(to_dict(load_config(users))), end="")
+        return 0
+    if any(f in _INFO_FLAGS for f in flags):
+        _complete_after_train()
+        return _hydra(flags + users)
+    multirun = "-m" in flags or "--multirun" in flags
+    dirs = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-cd", "--config-dir")]
+    _state["config_dirs"] = dirs
+    try:
+        if not multirun:
+            sweep = next((o for o in users if _is_sweep(o)), None)
+            if sweep:
+                raise ConfigError(f"{sweep}: a sweep; run it with -m (multirun)")
+        if "backend.token" in override_keys(users):
+            raise ConfigError("backend.token: a token is not taken on the command line (it would be saved "
+                              "in .hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH")
+        _join(users)
+        with status.showing("checking the config", True):  # taken down once Check has run
+            overrides = normalise(task_preset(users))
+            return _hydra(flags + overrides + _implied(overrides, multirun))
+    except ConfigError as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"error: {hydra_message(err, dirs)}", file=sys.stderr)
+    return EXIT_CONFIG_ERROR
+
+
+def _is_sweep(override: str) -> bool:
+    try:
+        return any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides([override]))
+    except HydraException:
+        return False  # a grammar error: Hydra's own parse names it
+
+
+def _complete_after_train() -> None:
+    """Hydra's completion script asks `jaxrl-dist -sc query=SHELL` about the whole line
+    (`$COMP_LINE`); the words it completes are those after `train`."""
+    line = os.environ.get("COMP_LINE", "")
+    program, _, rest = line.partition(" ")
+    if rest.split(" ", 1)[0] == "train":
+        cut = len(line) - len(f"{program} {rest[len('train'):].lstrip(' ')}")
+        os.environ["COMP_LINE"] = line[:len(program) + 1] + line[len(program) + 1 + cut:]
+        point = int(os.environ.get("COMP_POINT", len(line)))
+        os.environ["COMP_POINT"] = str(max(0, point - cut))
