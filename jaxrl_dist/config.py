@@ -533,7 +533,7 @@ def validate(cfg: Config) -> Config:
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
     """` (did you mean 'x'?)` for the closest of `choices`, else ''."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.8)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -555,7 +555,7 @@ def unknown_key(key: str, known: Sequence[str]) -> str:
         return f"'{key}': the {head} trainer's keys are {MOVED[head]}.* now (use {new})"
     owners = [name for name, cls in SCHEMAS.get(head, {}).items() if rest in {f.name for f in dataclasses.fields(cls)}]
     if owners:
-        return f"'{key}': only {' and '.join(f'{head}={o}' for o in owners)} take this key"
+        return f"'{key}': only {' and '.join(f'{head}={o}' for o in owners)} take{'s' * (len(owners) == 1)} this key"
     return f"unknown config key '{key}'{did_you_mean(key, known)}"
 
 

@@ -139,8 +139,9 @@ def test_a_sweep_without_multirun_is_one_line():
 
 
 def test_a_bad_key_in_a_sweep_fails_before_any_job(tmp_path):
-    out = run_cli("train", "-m", "algo.foo=1,2", f"run.dir={tmp_path / 's'}", timeout=60)
-    assert out.returncode == 2 and out.stderr.strip() == "error: unknown config key 'algo.foo'"
+    out = run_cli("train", "-m", "algo.lrr=1,2", f"run.dir={tmp_path / 's'}", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: unknown config key 'algo.lrr' (did you mean 'algo.lr'?)"
     assert not (tmp_path / "s").exists()
 
 

@@ -26,7 +26,7 @@ from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER,
 # inside the package, so a plain (non-editable) install finds them from any directory
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # open mappings: their keys are the env maker's or a plugin's, not the schema's
-_OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
 
 
 def one_line(err: Exception) -> str:
@@ -74,12 +74,19 @@ def normalise(overrides: Sequence[str]) -> list:
             raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
         key, eq, value = o.partition("=")
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
-                and key[1:] not in known_keys() and not key[1:].startswith(_OPEN):
+                and key[1:] not in known_keys() and not key[1:].startswith(OPEN):
             raise ConfigError(unknown_key(key[1:], known_keys()))  # `+` would add it to the typed config
-        if eq and re.fullmatch(r"\d+(\.\d*)?[eE]\+?\d+", value) and float(value).is_integer():
-            o = f"{key}={int(float(value))}"
-        out.append(f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in _OPEN for c in ".=")) else o)
+        if eq and not key.lstrip("+").startswith(OPEN):  # an env maker's own values stay as given
+            o = f"{key}={EXPONENT.sub(_whole, value)}"
+        out.append(f"++{o}" if o.startswith(tuple(f"{k}{c}" for k in OPEN for c in ".=")) else o)
     return out
+
+
+EXPONENT = re.compile(r"(?<![\w.])\d+(\.\d*)?[eE]\+?\d+(?![\w.])")  # 1e6, 2.5e5 (not 1e-3)
+
+
+def _whole(number: re.Match) -> str:
+    return str(int(float(number[0]))) if float(number[0]).is_integer() else number[0]
 
 
 def task_preset(overrides: Sequence[str]) -> list:
@@ -116,8 +123,8 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
     match = re.search(r"Could not (?:override|append to config\. An item is already at) '([^']+)'", text)
     match = match or re.search(r"Error merging override (\S+?)=", text)
     if match:
-        if isinstance(cause, OmegaConfBaseException) and not getattr(cause, "full_key", ""):
-            cause.full_key = match.group(1)
+        if isinstance(cause, OmegaConfBaseException):
+            cause.full_key = match.group(1)  # the key as the user wrote it (OmegaConf's may be a prefix)
         return omegaconf_message(cause, known_keys()) if isinstance(cause, OmegaConfBaseException) else text
     match = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)
     if match:

@@ -30,10 +30,10 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from jaxrl_dist.cli.compose import (CONFIG_DIR, hydra_message, known_keys, load_config, normalise, one_line,
-                                    override_keys, presets, store_schemas, task_preset)
-from jaxrl_dist.config import (Config, ConfigError, did_you_mean, distributed_config, from_omegaconf, to_dict,
-                               unknown_key, validate)
+from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
+                                    presets, store_schemas, task_preset)
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, did_you_mean, distributed_config, from_omegaconf,
+                               to_dict, validate)
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
 
@@ -88,35 +88,27 @@ def _check_run_dir(config: Config, run_dir: Optional[str]) -> None:
 
 
 def _check_sweep(config, overrides: Sequence[str]) -> None:
-    """Every sweep value's key exists and takes that value; every swept preset exists."""
+    """Every sweep value's key exists and takes that value (OmegaConf's typed merge of the
+    one key, no compose); every swept preset exists."""
     job = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    dirs = _state.get("config_dirs", ())
     for o in OverridesParser.create().parse_overrides(list(overrides)):
         key = o.get_key_element().lstrip("+~")
         try:
-            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
         except Exception:  # interval(...) and tagged sweeps: for a sweeper to sample
             continue
-        if "/" in key or key in presets_groups():
-            group = key.split("/")[-1] if key.startswith("hydra/") else key
-            if not key.startswith("hydra/"):
-                for value in values:
-                    _check_preset(group, str(value))
-            continue
-        if not key.startswith("hydra.") and OmegaConf.select(job, key, default=KeyError) is KeyError \
-                and not key.startswith(("env.kwargs.", "algo.network_options.", "algo.loss_options.",
-                                        "backend.options.", "scheduler.options.")):
-            raise ConfigError(unknown_key(key, known_keys()))
-
-
-def presets_groups() -> tuple:
-    return ("env", "algo", "backend", "scheduler", "cost", "trainer")
-
-
-def _check_preset(group: str, option: str) -> None:
-    choices = presets(group, _state.get("config_dirs", ()))
-    if option not in choices:
-        raise ConfigError(f"unknown {group} preset '{option}'{did_you_mean(option, choices)} "
-                          f"(choose from: {', '.join(choices)})")
+        for value in values if not key.startswith(("hydra", *OPEN)) else ():
+            if key in SCHEMAS or (CONFIG_DIR / key).is_dir():
+                choices = presets(key, dirs)
+                if value not in choices:
+                    raise ConfigError(f"unknown {key} preset '{value}'{did_you_mean(value, choices)} "
+                                      f"(choose from: {', '.join(choices)})")
+                continue
+            try:
+                OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"]))
+            except OmegaConfBaseException as err:
+                raise ConfigError(hydra_message(err)) from None
 
 
 def _exit_on_error(check):
