@@ -15,8 +15,10 @@ normalisation applied. Statistics by trainer:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
@@ -61,8 +63,11 @@ def _raw_checkpoint(run_dir: Path) -> tuple:
     # as host arrays: a data-parallel run's state was saved sharded over devices this
     # process may not have
     with ocp.PyTreeCheckpointer() as ckptr:
-        meta = ckptr.metadata(path)
-        tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+        # the item's tree from its handler: the checkpointer's own `metadata` also reads
+        # a step file (`_CHECKPOINT_METADATA`) that the manager wrote one level up, and
+        # warns that it is missing here
+        meta = ckptr.handler.metadata(path)
+        tree = getattr(meta, "tree", meta)
         args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
         return steps[-1], ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
 
@@ -179,9 +184,30 @@ def write_video(frames: list, path: Path, fps: int) -> Path:
     except ImportError:
         raise ConfigError("eval.video: needs imageio and imageio-ffmpeg (pip install 'jaxrl-dist[video]')") from None
     # macro_block_size=2: keep the frame size (H.264 needs it even), no rescaling
-    imageio.mimwrite(path, [f[: f.shape[0] // 2 * 2, : f.shape[1] // 2 * 2] for f in frames], fps=fps,
-                     codec="libx264", macro_block_size=2, pixelformat="yuv420p")
+    with _ffmpeg_without_preexec():
+        imageio.mimwrite(path, [f[: f.shape[0] // 2 * 2, : f.shape[1] // 2 * 2] for f in frames], fps=fps,
+                         codec="libx264", macro_block_size=2, pixelformat="yuv420p")
     return path
+
+
+# imageio-ffmpeg's switch that drops its `preexec_fn=os.setpgrp` (which keeps Ctrl-C from
+# reaching ffmpeg)
+_NO_PREEXEC = "IMAGEIO_FFMPEG_NO_PREVENT_SIGINT"
+
+
+@contextlib.contextmanager
+def _ffmpeg_without_preexec():
+    """Start ffmpeg without a `preexec_fn`: with one, CPython forks this multithreaded
+    process and runs Python in the child (JAX warns that it can deadlock); without one,
+    the child only execs ffmpeg and no fork handler runs. A value the user set is kept."""
+    before = os.environ.get(_NO_PREEXEC)
+    if before is None:
+        os.environ[_NO_PREEXEC] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_NO_PREEXEC, None)
 
 
 def evaluate(run_dir, opts) -> dict:

@@ -9,13 +9,18 @@ final scores:
 - `sweep_return_vs_steps[_ENV].png`, `sweep_return_vs_wall_time[_ENV].png`: each
   group's mean return over seeds on a common grid, with a 95% percentile-bootstrap
   band over seeds; groups get their own marker and line style, so identical curves
-  stay visible;
+  stay visible. The time axis is each job's own training clock from its first
+  record (`training_clock`): jobs of a sweep share the compile cache, so the first
+  job compiles and the others load, and a clock that counted compiles would set
+  their curves apart by that alone (the compile seconds are a column of the table);
 - `sweep_final_iqm[_ENV].png`: each group's IQM (interquartile mean) of the final
   return over seeds, with a 95% stratified-bootstrap interval;
 - `sweep_performance_profile[_ENV].png`: the share of a group's runs whose final
-  return exceeds each threshold, with 95% intervals;
+  return exceeds each threshold, with 95% intervals; only groups of at least
+  `MIN_PROFILE_RUNS` runs are drawn (a profile of two runs is two steps), and a note
+  says which were left out, or that the figure was skipped;
 - `sweep.md`: a markdown table (group, env, seeds, mean and IQM of the final return
-  with its interval, mean wall seconds).
+  with its interval, mean wall and compile seconds), then the notes.
 
 `rliable` needs `pandas<3` (the `report` extra pins it).
 """
@@ -24,15 +29,16 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jaxrl_dist.report import ReportError, Run, _color, _figure, _save, load_run, wall_clock
+from jaxrl_dist.report import ReportError, Run, _color, _column, _figure, _save, load_run, wall_clock
 
 BOOTSTRAP_REPS = 2000
 GRID_POINTS = 100
 CI = 95
+MIN_PROFILE_RUNS = 5  # fewer final returns than this make a profile of a few steps
 MARKERS = "os^Dv<>pP*X"
 STYLES = ("-", "--", "-.", ":")
 _IGNORED = ("seed", "run.", "hydra.", "+hydra.")
@@ -81,17 +87,27 @@ def load_sweep(path) -> list:
 # ---------------------------------------------------------------- statistics
 
 
-def _curve(run: Run, x_key: str) -> tuple:
-    """`(x, return)` of one run: env steps, or its wall clock."""
-    recs = [r for r in run.records if isinstance(r.get("return"), (int, float))]
-    if x_key == "env_steps":
-        x = [float(r["env_steps"]) for r in recs if "env_steps" in r]
-    else:
-        clock = wall_clock(run)
-        x = None if clock is None else [c for c, r in zip(clock, run.records) if r in recs]
-    if not x or len(x) != len(recs):
+def training_clock(run: Run) -> Optional[list]:
+    """Seconds per record on the job's own training clock, 0 at its first record (None if
+    the records cannot say). The time before that record goes: the compile (which in a
+    sweep depends on which job filled the compile cache first), start-up, and the first
+    round or chunk, which holds the first call of each program."""
+    clock = wall_clock(run)
+    start = next((c for c in clock or () if math.isfinite(c)), None)
+    return None if start is None else [c - start for c in clock]
+
+
+def job_curve(run: Run, x_key: str) -> Optional[tuple]:
+    """`(x, return)` arrays of one job, over its records with a return: x is `env_steps`,
+    or (`x_key="wall"`) its `training_clock`; None when a record lacks x."""
+    clock = _column(run.records, "env_steps") if x_key == "env_steps" else training_clock(run)
+    if clock is None:
         return None
-    return np.asarray(x), np.asarray([float(r["return"]) for r in recs])
+    points = [(x, r["return"]) for x, r in zip(clock, run.records)
+              if isinstance(r.get("return"), (int, float))]
+    if not points or not all(math.isfinite(x) for x, _ in points):
+        return None
+    return np.asarray([x for x, _ in points], float), np.asarray([y for _, y in points], float)
 
 
 def mean_band(curves: list, rng, reps: int = BOOTSTRAP_REPS) -> tuple:
@@ -151,7 +167,7 @@ def plot_curves(groups: list, x_key: str, out: Path, title: str, xlabel: str, rn
     fig, axes = _figure()
     ax, drawn, left = axes[0, 0], 0, []
     for i, g in enumerate(groups):
-        curves = [c for c in (_curve(r, x_key) for r in g.runs) if c is not None and len(c[0])]
+        curves = [c for c in (job_curve(r, x_key) for r in g.runs) if c is not None]
         if not curves:
             left.append(g.label)
             continue
@@ -203,24 +219,73 @@ def _num_text(x, spec: str = ".1f") -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
+def _mean_of(runs: list, key: str) -> Optional[float]:
+    values = [(r.summary or {}).get(key) for r in runs]
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return float(np.mean(values)) if values else None
+
+
 def table(groups: list, iqms: dict) -> list:
-    lines = ["| group | env | seeds | final return (mean) | IQM [95% CI] | wall (s, mean) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| group | env | seeds | final return (mean) | IQM [95% CI] | wall (s, mean) | compile (s, mean) |",
+             "|---|---|---|---|---|---|---|"]
     for g in groups:
         scores = final_scores(g)
-        walls = [(r.summary or {}).get("wall_seconds") for r in g.runs]
-        walls = [w for w in walls if isinstance(w, (int, float))]
         point, low, high = iqms.get(g.label, (None, None, None))
         iqm = "-" if point is None else f"{point:.1f} [{low:.1f}, {high:.1f}]"
         lines.append(f"| {g.label} | {g.env_id} | {len(g.runs)} | "
                      f"{_num_text(scores.mean() if len(scores) else None)} | {iqm} | "
-                     f"{_num_text(np.mean(walls) if walls else None)} |")
+                     f"{_num_text(_mean_of(g.runs, 'wall_seconds'))} | "
+                     f"{_num_text(_mean_of(g.runs, 'compile_seconds'))} |")
     return lines
+
+
+def _runs_text(counts: list) -> str:
+    """`2 runs`, or `2-3 runs` for a range."""
+    lo, hi = min(counts), max(counts)
+    return f"{lo} run{'' if lo == 1 else 's'}" if lo == hi else f"{lo}-{hi} runs"
+
+
+def profile_groups(groups: list, where: str = "") -> tuple:
+    """`(groups drawn on the performance profile, notes)`: those with at least
+    `MIN_PROFILE_RUNS` final returns; the notes name the rest, or say the figure was
+    skipped (`where`: the env, for a sweep of several)."""
+    counts = {g.label: len(final_scores(g)) for g in groups}
+    scored = [g for g in groups if counts[g.label]]
+    enough = [g for g in scored if counts[g.label] >= MIN_PROFILE_RUNS]
+    few = [g for g in scored if counts[g.label] < MIN_PROFILE_RUNS]
+    if not enough:
+        return [], [f"performance profile skipped{where}: groups have "
+                    f"{_runs_text([counts[g.label] for g in few])}, it needs at least {MIN_PROFILE_RUNS}"]
+    notes = [f"performance profile{where}: left out {g.label} ({_runs_text([counts[g.label]])}, "
+             f"it needs at least {MIN_PROFILE_RUNS})" for g in few]
+    return enough, notes
+
+
+def _env_figures(mine: list, env_id: str, tag: str, out_dir: Path, rng) -> tuple:
+    """One env's figures: `(written paths, notes, IQMs)`."""
+    written, notes, where = [], [], f" ({env_id})" if tag else ""
+    for key, name, what, xlabel in (
+            ("env_steps", "steps", "env steps", "env steps"),
+            ("wall", "wall_time", "training time", "training time from each job's first record (s)")):
+        p, left = plot_curves(mine, key, out_dir / f"sweep_return_vs_{name}{tag}.png",
+                              f"{env_id}: return against {what}", xlabel, rng)
+        written += [p] if p else []
+        notes += [f"sweep_return_vs_{name}{tag}.png: left out {', '.join(left)} (no such records)"] if left else []
+    iqm = iqm_intervals(mine)
+    if iqm:
+        written.append(plot_iqm(mine, iqm, out_dir / f"sweep_final_iqm{tag}.png", env_id))
+        drawn, said = profile_groups(mine, where)
+        notes += said
+        if drawn:
+            thresholds, profiles = performance_profiles(drawn)
+            written.append(plot_profiles(mine, thresholds, profiles,  # styles as elsewhere
+                                         out_dir / f"sweep_performance_profile{tag}.png", env_id))
+    return written, notes, iqm
 
 
 def sweep_report(path, out_dir=None) -> tuple:
     """Figures and `sweep.md` for the sweep at `path` (into `out_dir`, default `path`);
-    `(table lines, written paths, notes)`."""
+    `(table lines, written paths, notes)`; `sweep.md` holds the table, then the notes."""
     groups = load_sweep(path)
     out_dir = Path(out_dir or path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -228,21 +293,11 @@ def sweep_report(path, out_dir=None) -> tuple:
     envs = sorted({g.env_id for g in groups})
     written, notes, iqms = [], [], {}
     for env_id in envs:
-        mine = [g for g in groups if g.env_id == env_id]
         tag = "" if len(envs) == 1 else "_" + "".join(c if c.isalnum() else "_" for c in env_id)
-        for key, name, xlabel in (("env_steps", "steps", "env steps"), ("wall", "wall_time", "wall time (s)")):
-            p, left = plot_curves(mine, key, out_dir / f"sweep_return_vs_{name}{tag}.png",
-                                  f"{env_id}: return against {xlabel}", xlabel, rng)
-            written += [p] if p else []
-            notes += [f"sweep_return_vs_{name}{tag}.png: left out {', '.join(left)} (no such records)"] if left else []
-        iqm = iqm_intervals(mine)
+        paths, said, iqm = _env_figures([g for g in groups if g.env_id == env_id], env_id, tag, out_dir, rng)
+        written, notes = written + paths, notes + said
         iqms.update(iqm)
-        if iqm:
-            written.append(plot_iqm(mine, iqm, out_dir / f"sweep_final_iqm{tag}.png", env_id))
-            thresholds, profiles = performance_profiles(mine)
-            written.append(plot_profiles(mine, thresholds, profiles,
-                                         out_dir / f"sweep_performance_profile{tag}.png", env_id))
     lines = table(groups, iqms)
-    (out_dir / "sweep.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "sweep.md").write_text("\n".join(lines + ([""] + [f"- {n}" for n in notes] if notes else [])) + "\n")
     written.append(out_dir / "sweep.md")
     return lines, written, notes

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from jaxrl_dist import load_policy
 from jaxrl_dist.cli.eval import eval_options
 from jaxrl_dist.config import ConfigError as CliConfigError
 from jaxrl_dist.core import normalize
-from jaxrl_dist.evaluation import merge_moments
+from jaxrl_dist.evaluation import merge_moments, write_video
 from test_cli import run_cli
 
 
@@ -33,6 +36,8 @@ def test_a_trained_cartpole_evaluates_to_475_greedily_deterministically_and_on_v
     for extra in ([], ["eval.video=true"]):
         out = run_cli("eval", str(solved), "eval.episodes=16", *extra, timeout=180)
         assert out.returncode == 0, out.stderr
+        # neither orbax's missing-metadata warning nor JAX's fork warning (ffmpeg's start)
+        assert "_CHECKPOINT_METADATA" not in out.stderr and "os.fork()" not in out.stderr, out.stderr
         assert "return" in out.stdout and "eval.json" in out.stdout
         results.append(json.loads((solved / "eval.json").read_text()))
     first, again = results
@@ -64,11 +69,26 @@ def test_image_observations_render_from_the_observation():
         hopper.frame(None, 0, np.zeros((1, 11)))
 
 
-def test_load_policy_acts_on_a_batch_of_observations(solved):
-    policy = load_policy(solved)
+def test_load_policy_acts_on_a_batch_of_observations(solved, caplog, capfd):
+    with caplog.at_level(logging.INFO):
+        policy = load_policy(solved)
+    assert "_CHECKPOINT_METADATA" not in caplog.text + capfd.readouterr().err
     actions = policy(jnp.zeros((5, 4)))
     assert actions.shape == (5,) and set(np.asarray(actions).tolist()) <= {0, 1}
     assert policy.obs_moments is None  # CartPole's run did not normalise observations
+
+
+def test_writing_a_video_starts_ffmpeg_without_a_fork_warning(tmp_path):
+    """JAX warns on every fork of its (multithreaded) process; ffmpeg starts without one."""
+    from imageio_ffmpeg import count_frames_and_secs
+
+    jax.devices()  # a started backend installs JAX's fork handler
+    frames = [np.full((32, 48, 3), 40 * i, np.uint8) for i in range(4)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = write_video(frames, tmp_path / "v.mp4", fps=4)
+    assert not [w for w in caught if "os.fork()" in str(w.message)]
+    assert count_frames_and_secs(str(path))[0] == 4  # (a reader of imageio's would fork, with a warning)
 
 
 @pytest.mark.slow  # the merge itself is checked below on numbers

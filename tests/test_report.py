@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jaxrl_dist import report
@@ -190,3 +191,85 @@ def test_cli_bad_path_is_one_line_and_exit_2(tmp_path, kind):
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and str(bad) in out.stderr
     assert not list(good.glob("*.png"))  # every path is checked before anything is drawn
+
+
+# ---------------------------------------------------------------- sweeps (synthetic)
+
+
+def fused_records(updates: int, sps: float, start: float = 20.0) -> list:
+    """A fused run's records: steps, return and the chunk's steps per second, no clock."""
+    return [{"update": u, "env_steps": 128 * u, "return": start + u, "sps": sps} for u in range(1, updates + 1)]
+
+
+def test_job_curves_start_at_each_jobs_own_training_clock():
+    """A job that compiled (6 s) and one that loaded from the compile cache (0.5 s) both
+    start at 0 on the wall-time axis, so their curves overlap instead of meeting at a point."""
+    from jaxrl_dist.sweep_report import job_curve, mean_band, training_clock
+
+    def fused(compile_s):
+        records = fused_records(8, sps=1280.0)
+        summary = {"compile_seconds": compile_s, "final_return": 28.0}
+        return report.Run(Path("f"), report.with_wall_clock(records, summary, None), summary, None)
+
+    cold, warm = fused(6.0), fused(0.5)
+    for run in (cold, warm):
+        x, y = job_curve(run, "wall")
+        assert x[0] == 0.0 and list(y) == [21.0 + u for u in range(8)]
+        np.testing.assert_allclose(np.diff(x), 0.1)  # 128 steps at 1280 steps/s apart
+    assert report.wall_clock(cold)[0] > report.wall_clock(warm)[0]  # the run's own clock keeps it
+    # a round trainer's clock (`cum_wall_s`) starts at its first round, which holds the compile
+    rounds = [{"round": r, "env_steps": 64 * r, "return": float(r), "cum_wall_s": 3.0 + 0.5 * r}
+              for r in range(1, 5)]
+    assert training_clock(report.Run(Path("r"), rounds, None, None)) == [0.0, 0.5, 1.0, 1.5]
+    grid, mean, _, _ = mean_band([job_curve(cold, "wall"), job_curve(warm, "wall")], np.random.default_rng(0))
+    assert len(grid) > 1 and grid[0] == 0.0
+    # a record without a return is left out; one without a clock leaves the job out
+    no_clock = report.Run(Path("n"), [{"update": 1, "return": 1.0}], None, None)
+    assert job_curve(no_clock, "wall") is None and job_curve(no_clock, "env_steps") is None
+
+
+def write_sweep(root: Path, sizes: dict) -> Path:
+    """A multirun directory: `{lr: seeds}` jobs of synthetic fused runs."""
+    import yaml
+
+    root.mkdir()
+    (root / "multirun.yaml").write_text("hydra: {}\n")
+    job = 0
+    for lr, seeds in sizes.items():
+        for seed in range(seeds):
+            run = write_run(root / str(job), fused_records(6, 1000.0 + seed, start=10.0 * lr + seed),
+                            {"final_return": 10.0 * lr + seed + 6, "env_id": "CartPole-v1",
+                             "wall_seconds": 2.0, "compile_seconds": 1.5})
+            (run / ".hydra").mkdir()
+            (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"algo.lr={lr}", f"seed={seed}"]))
+            job += 1
+    return root
+
+
+@pytest.fixture
+def few_reps(monkeypatch):
+    """rliable's bootstraps with fewer resamples: the figures and notes, not the intervals."""
+    from jaxrl_dist import sweep_report
+
+    monkeypatch.setattr(sweep_report, "BOOTSTRAP_REPS", 100)
+    return sweep_report.sweep_report
+
+
+def test_a_sweep_of_few_runs_a_group_skips_the_performance_profile_in_one_line(tmp_path, few_reps):
+    """(The CLI prints these notes: test_sweeps' report of a real sweep checks it.)"""
+    sweep = write_sweep(tmp_path / "sweep", {1: 2, 2: 3})
+    _, written, notes = few_reps(sweep)
+    note = "performance profile skipped: groups have 2-3 runs, it needs at least 5"
+    assert notes == [note]
+    assert f"- {note}" in (sweep / "sweep.md").read_text().splitlines()
+    assert not (sweep / "sweep_performance_profile.png").exists()
+    assert_png(sweep / "sweep_return_vs_wall_time.png")
+
+
+def test_a_performance_profile_draws_the_groups_of_five_runs_or_more(tmp_path, few_reps):
+    sweep = write_sweep(tmp_path / "sweep", {1: 5, 2: 2})
+    lines, written, notes = few_reps(sweep)
+    assert sweep / "sweep_performance_profile.png" in written
+    assert_png(sweep / "sweep_performance_profile.png")
+    assert notes == ["performance profile: left out algo.lr=2 (2 runs, it needs at least 5)"]
+    assert lines[0].endswith("| wall (s, mean) | compile (s, mean) |") and lines[2].endswith("| 2.0 | 1.5 |")
