@@ -74,6 +74,8 @@ def test_optuna_sweeps_a_few_trials_on_the_final_return(tmp_path):
     assert 1e-4 <= result["best_params"]["algo.lr"] <= 1e-2
     finals = [json.loads((r / "summary.json").read_text())["final_return"] for r in job_dirs(sweep)]
     assert len(finals) == 3 and result["best_value"] == max(finals)  # maximised
+    said = out.stdout + out.stderr  # plain lines: no plugin list from alembic, no colour codes from Optuna
+    assert "alembic" not in said and "\x1b[" not in said and "A new study created" in said
 
 
 @pytest.mark.slow

@@ -261,9 +261,20 @@ def yaml_value(text: str):
     return OmegaConf.from_dotlist([f"v={text}"]).v
 
 
+def _quiet_optuna() -> None:
+    """Optuna's messages through the logging Hydra set up (plain lines), not Optuna's own
+    handler, which writes colour codes even into a file."""
+    import optuna  # the Optuna sweeper's own dependency
+
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
+
+
 def _hydra(argv: Sequence[str]) -> int:
     """Run the Hydra app on `argv`; the exit code (Hydra's errors re-raised to be one line)."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own report
+    if "hydra/sweeper=optuna" in argv:
+        _quiet_optuna()
     _state.update(checked=None, failed=[], sweeps=[])
     store_schemas()
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
