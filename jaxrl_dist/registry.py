@@ -16,6 +16,7 @@ a one-line `ConfigError` naming `<group key>.<option>`. A plugin without
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from importlib.metadata import entry_points
 from typing import Any, Dict, Mapping, Union
@@ -74,6 +75,10 @@ def options(target: Any, given: Mapping, key: str) -> Any:
         if given:
             raise ConfigError(f"{key}.{sorted(given)[0]}: this plugin takes no options")
         return None
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown option (options: {', '.join(names) or 'none'})")
     try:
         return typed(cls, given, f"{key}.")
     except (TypeError, ValueError) as err:  # the plugin's own checks (__post_init__)

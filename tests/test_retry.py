@@ -22,7 +22,7 @@ from jaxrl_dist.backends import BackendError, Job, ShardTask, shard
 from jaxrl_dist.backends.http import HttpBackend
 from jaxrl_dist.backends.local import LocalBackend
 from jaxrl_dist.backends.retry import RETRY_AFTER_MAX_S, Failure, GaveUp, RetryPolicy, retry_after_s
-from jaxrl_dist.config import BackendConfig, ConfigError, from_dict
+from jaxrl_dist.config import BackendConfig, ConfigError, HttpBackendConfig, from_dict
 
 
 # -- the policy on its own -----------------------------------------------------
@@ -166,7 +166,7 @@ def test_retry_after_is_ignored_on_other_codes_and_when_unreadable(scripted):
 
 
 def _http_backend(urls, max_retries: int) -> HttpBackend:
-    return HttpBackend(BackendConfig(name="http", urls=tuple(urls), max_retries=max_retries,
+    return HttpBackend(HttpBackendConfig(urls=list(urls), max_retries=max_retries,
                                      compression="none", shard_timeout=10.0, token="t"))
 
 

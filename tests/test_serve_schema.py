@@ -129,4 +129,4 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
     for rule in ({"base_path": {"choices": ["x"]}}, {"rom_file": "bool"}, {"mode": {"choices": ["/etc"]}},
                  {"img_height": {"min": 1}}):
         with pytest.raises(ConfigError, match=r"^serve\.allowed_env_kwargs\.Pong-v5\."):
-            validate(from_dict({"serve": {"allowed_env_kwargs": {"Pong-v5": rule}}}))
+            serve_config({"allowed_env_kwargs": {"Pong-v5": rule}})

@@ -48,6 +48,13 @@ class ShardError(ValueError):
     """A shard request that cannot run; the message names the field."""
 
 
+def field_name(key) -> str:
+    """A request's field name as an error shows it: on one line, at most 64 characters
+    (a name with a newline or other unprintable characters is quoted)."""
+    text = str(key)[:64]
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardSpec:
     """What a worker needs to build a shard's env, network and rollout (plain data)."""
@@ -85,7 +92,7 @@ class ShardSpec:
                  "clip_reward": float, "env_kwargs": str, "num_threads": int, "network_options": str}
         unknown = [k for k in data if k not in kinds]
         if unknown:
-            raise ShardError(f"spec.{str(unknown[0])[:64]}: unknown field")
+            raise ShardError(f"spec.{field_name(unknown[0])}: unknown field")
         values = {}
         for name, kind in kinds.items():
             if name not in data:
@@ -154,7 +161,7 @@ def json_object(text: str, name: str) -> dict:
         raise ShardError(f"{name}: expected a JSON object, got {type(value).__name__}")
     for key, item in value.items():
         if isinstance(item, (dict, list)):
-            raise ShardError(f"{name}.{key[:64]}: expected a scalar, got {type(item).__name__}")
+            raise ShardError(f"{name}.{field_name(key)}: expected a scalar, got {type(item).__name__}")
     return value
 
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings, json_object
+from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings, field_name, json_object
 
 VERSION = 1
 
@@ -120,7 +120,7 @@ def _no_extra_keys(want, got, name: str) -> None:
         return
     for key in got:
         if key not in want:
-            raise ShardError(f"{name}.{str(key)[:64]}: unknown field")
+            raise ShardError(f"{name}.{field_name(key)}: unknown field")
         _no_extra_keys(want[key], got[key], f"{name}.{key}")
 
 
@@ -219,7 +219,7 @@ def decode_request_head(body: bytes, compressed: bool, max_bytes: int,
         raise MalformedBody(f"v: expected wire version {VERSION}, got {_short(v)}")
     unknown = [k for k in data if k not in HEAD_FIELDS]
     if unknown:
-        raise ShardError(f"{str(unknown[0])[:64]}: unknown field")
+        raise ShardError(f"{field_name(unknown[0])}: unknown field")
     spec = ShardSpec.from_dict(data.get("spec"))
     check_policy(spec, data, policy)
     return spec, data
