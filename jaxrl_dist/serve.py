@@ -112,14 +112,16 @@ class RolloutWorker:
             if self.proc is not None:
                 self._reap()
                 self.restarts += 1
-            self.proc, self.conn = _spawn_worker(self.setup)
+            self.proc, self.conn = _spawn_worker()
             if self._closed:  # close() ran while it started, and found no process to stop
                 self.kill()
                 raise WorkerDied("the server is stopping")
             self._wait_ready()
 
     def _wait_ready(self) -> None:
+        """Send the setup, then wait for the process to say it is ready."""
         try:
+            self.conn.send_bytes(self.setup)
             if self.conn.poll(self.START_TIMEOUT_S) and self.conn.recv_bytes() == b"ready":
                 return
         except (EOFError, OSError):  # it died while starting, or close() stopped it
@@ -175,8 +177,9 @@ _WORKER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                 "from jaxrl_dist.serve import worker_entry; worker_entry(int(sys.argv[2]))")
 
 
-def _spawn_worker(setup: bytes) -> tuple:
-    """A started rollout process and the server's end of its pipe (the setup sent first).
+def _spawn_worker() -> tuple:
+    """A started rollout process and the server's end of its pipe (the process reads its
+    setup from the pipe first).
 
     It runs in a process group of its own: Ctrl-C in a terminal signals the foreground
     group, and the server stops its worker itself, so the worker never sees the signal,
@@ -190,7 +193,6 @@ def _spawn_worker(setup: bytes) -> tuple:
                                 stdin=subprocess.DEVNULL, pass_fds=(child.fileno(),), process_group=0)
     finally:
         child.close()
-    conn.send_bytes(setup)
     return proc, conn
 
 
@@ -520,12 +522,12 @@ def serve(cfg: ServeConfig) -> None:
     config = uvicorn.Config(app, host=cfg.host, port=port, log_level="warning", lifespan="on",
                             http=header_timeout_protocol(cfg.header_timeout_s), timeout_keep_alive=5,
                             h11_max_incomplete_event_size=16 * 1024)
-    server = ready_server_class()(config, _ready_text(cfg, app))
-    try:
-        with StopSignal(server) as stop:
+    server = _ready_server_class()(config, _ready_text(cfg, app))
+    with _StopSignal(server) as stop:
+        try:
             server.run()
-    finally:
-        app.close()  # a forced stop (a second Ctrl-C) skips the app's own shutdown
+        finally:
+            app.close()  # a forced stop (a second Ctrl-C) skips the app's own shutdown
     print(f"stopped ({signal.Signals(stop.signal).name})" if stop.signal else "stopped", flush=True)
     if stop.signal == signal.SIGINT:
         raise SystemExit(EXIT_INTERRUPTED)
@@ -538,7 +540,7 @@ def _ready_text(cfg: ServeConfig, app: ServeApp) -> str:
     return f"envs: {shown or 'none'}; auth: {'bearer token' if app.token else 'none'}"
 
 
-class StopSignal:
+class _StopSignal:
     """The signal that stopped a uvicorn server, noted while in a `with` block. uvicorn
     handles SIGINT and SIGTERM itself (a graceful shutdown, in which the app stops its
     worker) and, once stopped, raises the signal again to the handlers it found: these
@@ -552,7 +554,7 @@ class StopSignal:
         self.signal = self.signal or signum
         self.server.should_exit = True
 
-    def __enter__(self) -> "StopSignal":
+    def __enter__(self) -> "_StopSignal":
         import signal
 
         self._previous = {sig: signal.signal(sig, self._note) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -565,7 +567,7 @@ class StopSignal:
             signal.signal(sig, handler)
 
 
-def ready_server_class():
+def _ready_server_class():
     """uvicorn's `Server`, printing one line with its URL once it accepts connections
     (after the app's startup and the socket's bind)."""
     import uvicorn
