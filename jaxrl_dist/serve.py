@@ -9,7 +9,8 @@ and the instance keeps serving:
 
 - 401: no bearer token, or the wrong one;
 - 413: a body over `serve.max_body_mb` (sent, or once inflated);
-- 400: a body that is not a wire document (bad deflate, not msgpack, wrong version);
+- 400: a body that is not a wire document (bad deflate, not msgpack, wrong version), or
+  `Authorization` or `Content-Encoding` sent more than once;
 - 408: headers or body not received within `serve.header_timeout_s` / `serve.body_timeout_s`
   (the connection is closed);
 - 422: a document with a bad field, a wrong shape or dtype, an env id outside
@@ -77,8 +78,8 @@ class WorkerDied(Exception):
 
 
 class RolloutWorker:
-    """The process that decodes, checks and runs shards (spawned, so it shares nothing
-    with the server but a pipe of bytes). A native crash in an env (an abort, a
+    """The process that decodes, checks and runs shards (a fresh interpreter, so it
+    shares nothing with the server but a pipe of bytes). A native crash in an env (an abort, a
     segfault) kills it, not the server: the request that was running is answered 503
     and the next one starts a fresh process. It keeps its compiled programs between
     requests, so a warm instance stays warm."""
@@ -89,32 +90,44 @@ class RolloutWorker:
         self.setup = json.dumps(setup).encode()
         self.proc = self.conn = None
         self.restarts, self.last_exit, self.stats = 0, None, {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while a process starts
+        self._reap_lock = threading.Lock()
+        self._closed = False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def state(self) -> dict:
-        alive = self.proc is not None and self.proc.is_alive()
+        alive = self.alive()
         return {"pid": self.proc.pid if alive else None, "state": "up" if alive else "down",
                 "restarts": self.restarts, "last_exit": self.last_exit}
 
     def ensure(self) -> None:
         """Start the process if none is running (a died one counts as a restart)."""
-        import multiprocessing
-
         with self._lock:
-            if self.proc is not None and self.proc.is_alive():
+            if self.alive():
                 return
+            if self._closed:
+                raise WorkerDied("the server is stopping")
             if self.proc is not None:
                 self._reap()
                 self.restarts += 1
-            ctx = multiprocessing.get_context("spawn")
-            self.conn, child = ctx.Pipe()
-            self.proc = ctx.Process(target=_worker_main, args=(child, self.setup), daemon=True,
-                                    name="jaxrl-dist-rollout")
-            self.proc.start()
-            child.close()
-            if not self.conn.poll(self.START_TIMEOUT_S) or self.conn.recv_bytes() != b"ready":
+            self.proc, self.conn = _spawn_worker()
+            if self._closed:  # close() ran while it started, and found no process to stop
                 self.kill()
-                raise WorkerDied(f"the rollout process did not start in {self.START_TIMEOUT_S:.0f} s")
+                raise WorkerDied("the server is stopping")
+            self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Send the setup, then wait for the process to say it is ready."""
+        try:
+            self.conn.send_bytes(self.setup)
+            if self.conn.poll(self.START_TIMEOUT_S) and self.conn.recv_bytes() == b"ready":
+                return
+        except (EOFError, OSError):  # it died while starting, or close() stopped it
+            raise WorkerDied(f"the rollout process exited while starting ({_exit_text(self._reap())})") from None
+        self.kill()
+        raise WorkerDied(f"the rollout process did not start in {self.START_TIMEOUT_S:.0f} s")
 
     def call(self, message: bytes, timeout: float) -> tuple:
         """`(status, payload)` for one request; `WorkerDied` if the process died or hung."""
@@ -134,16 +147,78 @@ class RolloutWorker:
         return status, reply[_REPLY.size + size:]
 
     def _reap(self):
-        self.proc.join(timeout=10)
-        self.last_exit = self.proc.exitcode
-        self.conn.close()
+        import subprocess
+
+        with self._reap_lock:  # close() may reap from the server's thread as this one does
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # its pipe closed, yet it lives on
+                self.proc.kill()
+                self.proc.wait()
+            self.last_exit = self.proc.returncode
+            self.conn.close()
         return self.last_exit
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.is_alive():
+        if self.alive():
             self.proc.kill()
         if self.proc is not None:
             self._reap()
+
+    def close(self) -> None:
+        """Stop the process for good: the server is stopping, and no new one starts."""
+        self._closed = True
+        self.kill()
+
+
+# the rollout process's program: the server's sys.path first (as multiprocessing's spawn
+# does), then the worker loop on the inherited end of the pipe
+_WORKER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+                "from jaxrl_dist.serve import worker_entry; worker_entry(int(sys.argv[2]))")
+
+
+def _spawn_worker() -> tuple:
+    """A started rollout process and the server's end of its pipe (the process reads its
+    setup from the pipe first).
+
+    It runs in a process group of its own: Ctrl-C in a terminal signals the foreground
+    group, and the server stops its worker itself, so the worker never sees the signal,
+    not even while it imports (no KeyboardInterrupt traceback from it)."""
+    import subprocess
+    from multiprocessing import Pipe
+
+    conn, child = Pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _WORKER_CODE, json.dumps(sys.path), str(child.fileno())],
+                                stdin=subprocess.DEVNULL, pass_fds=(child.fileno(),), process_group=0)
+    finally:
+        child.close()
+    return proc, conn
+
+
+def worker_entry(fd: int) -> None:
+    """The rollout process's entry: its setup, then requests, on the pipe at `fd`."""
+    from multiprocessing.connection import Connection
+
+    _exit_with_parent(os.getppid())
+    conn = Connection(fd)
+    try:
+        setup = conn.recv_bytes()
+    except (EOFError, OSError):  # the server is gone before it sent the setup
+        return
+    _worker_main(conn, setup)
+
+
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this process once the server that started it is gone, even if it was killed
+    while this one runs (or hangs in) a shard: in a process group of its own, nothing else
+    would stop it. An idle worker already ends at its pipe's end of file."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _exit_text(code) -> str:
@@ -201,10 +276,14 @@ class ServeApp:
                 self._pool.submit(self.worker.ensure)  # warm up in the background
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                self._pool.shutdown(wait=False)
-                self.worker.kill()
+                self.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def close(self) -> None:
+        """Stop the rollout process; requests still queued for it are dropped."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.worker.close()
 
     def health(self) -> dict:
         stats = self.worker.stats
@@ -225,7 +304,7 @@ class ServeApp:
         if method != "POST":
             raise HttpError(405, f"method {method} not allowed on /v1/rollout")
         received = time.time()
-        headers = {k.lower(): v for k, v in scope["headers"]}
+        headers = _request_headers(scope)
         self._authorize(headers.get(b"authorization", b""))
         encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
         if encoding not in ("identity", "deflate"):
@@ -302,6 +381,22 @@ class ServeApp:
                                  f"{self.cfg.body_timeout_s:g} s", [(b"connection", b"close")]) from None
 
 
+# the headers whose one value decides who is asking and how the body is read: a second
+# copy is refused, rather than letting one of them silently win
+_SINGLE_HEADERS = (b"authorization", b"content-encoding")
+
+
+def _request_headers(scope) -> dict:
+    """Lower-cased header name -> value; 400 naming a header of `_SINGLE_HEADERS` sent twice."""
+    headers = {}
+    for name, value in scope["headers"]:
+        name = name.lower()
+        if name in headers and name in _SINGLE_HEADERS:
+            raise HttpError(400, f"{name.decode('latin-1')}: sent more than once; send one")
+        headers[name] = value
+    return headers
+
+
 def _log(line: str) -> None:
     print(f"jaxrl-dist serve: {line}", file=sys.stderr, flush=True)
 
@@ -326,7 +421,10 @@ def _worker_main(conn, setup: bytes) -> None:
             return
         status, payload = _answer(worker, policy, opts["max_bytes"], message)
         stats = json.dumps(worker.stats()).encode()
-        conn.send_bytes(_REPLY.pack(status, len(stats)) + stats + payload)
+        try:
+            conn.send_bytes(_REPLY.pack(status, len(stats)) + stats + payload)
+        except OSError:  # the server went away while this shard ran
+            return
 
 
 def _answer(worker, policy, max_bytes: int, message: bytes) -> tuple:
@@ -404,17 +502,89 @@ def app_from_env() -> ServeApp:
     return create_app(config_from_env())
 
 
+EXIT_INTERRUPTED = 130  # the shell's code for a program stopped by Ctrl-C, as `train` uses
+READY_PREFIX = "serving on "  # the line `serve` prints once it accepts connections
+
+
 def serve(cfg: ServeConfig) -> None:
-    """Run the app under uvicorn on `cfg.host`, port `$PORT` if set else `cfg.port`."""
+    """Run the app under uvicorn on `cfg.host`, port `$PORT` if set else `cfg.port`.
+
+    Prints `serving on URL (...)` once it accepts connections, and `stopped (SIGNAL)` once
+    SIGINT or SIGTERM has stopped it and its worker; after Ctrl-C it exits with 130."""
+    import signal
+
     import uvicorn
 
     port = int(os.environ.get("PORT") or cfg.port)
     app = create_app(cfg)
     if app.token is None:
         print("warning: serving without authentication (serve.token is empty)", flush=True)
-    uvicorn.run(app, host=cfg.host, port=port, log_level="warning", lifespan="on",
-                http=header_timeout_protocol(cfg.header_timeout_s), timeout_keep_alive=5,
-                h11_max_incomplete_event_size=16 * 1024)
+    config = uvicorn.Config(app, host=cfg.host, port=port, log_level="warning", lifespan="on",
+                            http=header_timeout_protocol(cfg.header_timeout_s), timeout_keep_alive=5,
+                            h11_max_incomplete_event_size=16 * 1024)
+    server = _ready_server_class()(config, _ready_text(cfg, app))
+    with _StopSignal(server) as stop:
+        try:
+            server.run()
+        finally:
+            app.close()  # a forced stop (a second Ctrl-C) skips the app's own shutdown
+    print(f"stopped ({signal.Signals(stop.signal).name})" if stop.signal else "stopped", flush=True)
+    if stop.signal == signal.SIGINT:
+        raise SystemExit(EXIT_INTERRUPTED)
+
+
+def _ready_text(cfg: ServeConfig, app: ServeApp) -> str:
+    """What follows the URL in the ready line: the env ids served and the authentication."""
+    envs = list(cfg.allowed_envs)
+    shown = ", ".join(envs[:3]) + (f" +{len(envs) - 3} more" if len(envs) > 3 else "")
+    return f"envs: {shown or 'none'}; auth: {'bearer token' if app.token else 'none'}"
+
+
+class _StopSignal:
+    """The signal that stopped a uvicorn server, noted while in a `with` block. uvicorn
+    handles SIGINT and SIGTERM itself (a graceful shutdown, in which the app stops its
+    worker) and, once stopped, raises the signal again to the handlers it found: these
+    note it, in place of Python's KeyboardInterrupt traceback or a death by SIGTERM.
+    One that arrives before uvicorn's own handlers are in place stops the server too."""
+
+    def __init__(self, server):
+        self.server, self.signal, self._previous = server, None, {}
+
+    def _note(self, signum: int, frame) -> None:
+        self.signal = self.signal or signum
+        self.server.should_exit = True
+
+    def __enter__(self) -> "_StopSignal":
+        import signal
+
+        self._previous = {sig: signal.signal(sig, self._note) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _ready_server_class():
+    """uvicorn's `Server`, printing one line with its URL once it accepts connections
+    (after the app's startup and the socket's bind)."""
+    import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        def __init__(self, config, detail: str):
+            super().__init__(config)
+            self.detail = detail
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                print(f"{READY_PREFIX}{url} ({self.detail})", flush=True)
+
+    return ReadyServer
 
 
 _TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
@@ -494,12 +664,15 @@ class LocalServer:
 
     def __init__(self, *overrides: str, token: Optional[str] = None, port: int = 0,
                  env: Optional[dict] = None, timeout: float = 60.0):
+        """Returns once it prints its ready line; what it printed up to there is in
+        `startup_output` (the rest is on `proc.stdout`, stderr merged in)."""
         import subprocess
         import sys
         from pathlib import Path
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ready_line, self.startup_output = None, ""
         script = Path(sys.executable).with_name("jaxrl-dist")
         cmd = [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
         cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
@@ -510,15 +683,27 @@ class LocalServer:
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited: {self.proc.stdout.read().decode()[-2000:]}")
-            if self.healthy(1.0):
-                return
-            time.sleep(0.1)
+        """Until the server prints its ready line (`self.ready_line`); it then accepts
+        connections. Read from the pipe's descriptor, a line at a time as it comes."""
+        import selectors
+
+        deadline, out = time.time() + timeout, b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while sel.select(max(0.0, deadline - time.time())):
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                out += chunk
+                self.startup_output = out.decode(errors="replace")
+                if not chunk:
+                    raise RuntimeError(f"serve exited ({self.proc.wait()}): {self.startup_output[-2000:]}")
+                ready = [line for line in self.startup_output.splitlines(keepends=True)
+                         if line.startswith(READY_PREFIX) and line.endswith("\n")]
+                if ready:
+                    self.ready_line = ready[0].strip()
+                    return
         self.stop()
-        raise TimeoutError(f"serve on {self.url} did not answer /healthz in {timeout:.0f} s")
+        raise TimeoutError(f"serve on {self.url} did not say it was ready in {timeout:.0f} s: "
+                           f"{self.startup_output[-2000:]}")
 
     def healthy(self, timeout: float = 5.0) -> bool:
         import urllib.request

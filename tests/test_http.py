@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -140,10 +141,56 @@ def test_bad_fields_and_disallowed_envs_are_422(server):
     assert resp.status_code == 422 and resp.json()["error"].startswith("key")
 
 
+@pytest.mark.parametrize("name,values", [
+    ("authorization", ["Bearer nope", f"Bearer {TOKEN}"]),  # the right one last would win
+    ("authorization", [f"Bearer {TOKEN}", "Bearer nope"]),
+    ("content-encoding", ["identity", "deflate"]),
+])
+def test_a_header_sent_twice_is_400_naming_it(server, name, values):
+    _, req = make_request()
+    headers = [(k, v) for k, v in AUTH.items() if k != name] + [(name, v) for v in values]
+    resp = post(server, wire.encode_request(req), headers)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == f"{name}: sent more than once; send one"
+
+
 def test_server_still_answers_after_bad_requests(server):
     assert server.healthy()
     _, req = make_request()
     assert post(server, wire.encode_request(req)).status_code == 200
+
+
+def _worker_pid(url: str, warm: bool) -> int:
+    """The rollout process's pid: once it answers (a body it refuses), or as soon as it
+    is started (it is still importing)."""
+    if warm:
+        resp = httpx.post(url + "/v1/rollout", content=b"\xc1", headers=AUTH, timeout=60)
+        assert resp.status_code == 400, resp.text
+    deadline = time.time() + 30
+    while (pid := httpx.get(url + "/healthz").json()["worker"]["pid"]) is None and time.time() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
+@pytest.mark.parametrize("sig,warm,code", [
+    (signal.SIGINT, True, 130),  # Ctrl-C in a terminal, sent to the whole foreground group
+    (signal.SIGTERM, False, 0),  # a platform stopping an instance whose worker still starts
+], ids=["ctrl-c", "sigterm"])
+def test_serve_says_where_it_listens_and_stops_cleanly(sig, warm, code):
+    """One line once it accepts connections; on SIGINT or SIGTERM one line more, no
+    traceback from the server or its rollout process, which is gone; 130 after Ctrl-C."""
+    s = Server("serve.allowed_envs=[CartPole-v1]")
+    try:
+        assert s.ready_line == f"serving on {s.url} (envs: CartPole-v1; auth: bearer token)"
+        worker = _worker_pid(s.url, warm)
+        (os.killpg if sig == signal.SIGINT else os.kill)(s.proc.pid, sig)
+        out = s.startup_output + s.proc.communicate(timeout=60)[0].decode()
+    finally:
+        s.stop()
+    assert s.proc.returncode == code, out
+    assert "Traceback" not in out and out.splitlines()[-1] == f"stopped ({sig.name})", out
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
 
 
 # ---------------------------------------------------------------------------
