@@ -33,9 +33,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import math
 import os
-import struct
 import sys
 import threading
 import time
@@ -43,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from jaxrl_dist.config import ServeConfig
+from jaxrl_dist.serve_protocol import HEAD, REPLY, json_bytes, one_line
 from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
@@ -50,8 +49,6 @@ MSGPACK = b"application/msgpack"
 
 
 RETRY_AFTER_S = 2  # what a 503 asks a client to wait: a restarting worker is back in seconds
-_HEAD = struct.Struct("!Bd")  # to the worker: flags (1 inflate, 2 deflate the answer), received
-_REPLY = struct.Struct("!HI")  # from the worker: status, length of its stats JSON
 
 
 class HttpError(Exception):
@@ -63,14 +60,6 @@ class HttpError(Exception):
 
 def _retry_later(message: str) -> HttpError:
     return HttpError(503, message, [(b"retry-after", str(RETRY_AFTER_S).encode())])
-
-
-def _billed(received: float, finished: float) -> float:
-    return math.ceil((finished - received) * 1000.0) / 1000.0
-
-
-def _one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
 
 
 class WorkerDied(Exception):
@@ -142,9 +131,9 @@ class RolloutWorker:
         except (EOFError, OSError):
             code = self._reap()
             raise WorkerDied(f"the rollout process died ({_exit_text(code)}); it restarts") from None
-        status, size = _REPLY.unpack_from(reply)
-        self.stats = json.loads(reply[_REPLY.size:_REPLY.size + size])
-        return status, reply[_REPLY.size + size:]
+        status, size = REPLY.unpack_from(reply)
+        self.stats = json.loads(reply[REPLY.size:REPLY.size + size])
+        return status, reply[REPLY.size + size:]
 
     def _reap(self):
         import subprocess
@@ -174,7 +163,7 @@ class RolloutWorker:
 # the rollout process's program: the server's sys.path first (as multiprocessing's spawn
 # does), then the worker loop on the inherited end of the pipe
 _WORKER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-                "from jaxrl_dist.serve import worker_entry; worker_entry(int(sys.argv[2]))")
+                "from jaxrl_dist.serve_worker import worker_entry; worker_entry(int(sys.argv[2]))")
 
 
 def _spawn_worker() -> tuple:
@@ -194,31 +183,6 @@ def _spawn_worker() -> tuple:
     finally:
         child.close()
     return proc, conn
-
-
-def worker_entry(fd: int) -> None:
-    """The rollout process's entry: its setup, then requests, on the pipe at `fd`."""
-    from multiprocessing.connection import Connection
-
-    _exit_with_parent(os.getppid())
-    conn = Connection(fd)
-    try:
-        setup = conn.recv_bytes()
-    except (EOFError, OSError):  # the server is gone before it sent the setup
-        return
-    _worker_main(conn, setup)
-
-
-def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
-    """End this process once the server that started it is gone, even if it was killed
-    while this one runs (or hangs in) a shard: in a process group of its own, nothing else
-    would stop it. An idle worker already ends at its pipe's end of file."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _exit_text(code) -> str:
@@ -258,11 +222,11 @@ class ServeApp:
         try:
             status, body, headers = await self._route(scope, receive)
         except HttpError as err:
-            status, body, headers = err.status, _json({"error": str(err)}), err.headers
+            status, body, headers = err.status, json_bytes({"error": str(err)}), err.headers
         except Exception as err:  # a bug must not take the instance down, nor drop the connection
             self.counts["errors"] += 1
-            _log(f"internal error on {scope.get('path')}: {_one_line(err)}")
-            status, body, headers = 500, _json({"error": f"internal error: {_one_line(err)}"}), []
+            _log(f"internal error on {scope.get('path')}: {one_line(err)}")
+            status, body, headers = 500, json_bytes({"error": f"internal error: {one_line(err)}"}), []
         ctype = MSGPACK if status == 200 and scope["path"] == "/v1/rollout" else b"application/json"
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", ctype),
@@ -298,7 +262,7 @@ class ServeApp:
         if path == "/healthz":
             if method != "GET":
                 raise HttpError(405, f"method {method} not allowed on /healthz")
-            return 200, _json(self.health()), []
+            return 200, json_bytes(self.health()), []
         if path != "/v1/rollout":
             raise HttpError(404, f"no route {path[:200]}")
         if method != "POST":
@@ -324,7 +288,7 @@ class ServeApp:
             self.counts["busy"] += 1
             raise _retry_later(f"busy: {self.admitted} requests running or queued "
                                f"(serve.max_concurrent={self.cfg.max_concurrent})")
-        message = _HEAD.pack(int(compressed) | 2 * int(compress), received) + body
+        message = HEAD.pack(int(compressed) | 2 * int(compress), received) + body
         self.admitted += 1
         try:
             loop = asyncio.get_running_loop()
@@ -383,15 +347,15 @@ class ServeApp:
 
 # the headers whose one value decides who is asking and how the body is read: a second
 # copy is refused, rather than letting one of them silently win
-_SINGLE_HEADERS = (b"authorization", b"content-encoding")
+_SINGLEHEADERS = (b"authorization", b"content-encoding")
 
 
 def _request_headers(scope) -> dict:
-    """Lower-cased header name -> value; 400 naming a header of `_SINGLE_HEADERS` sent twice."""
+    """Lower-cased header name -> value; 400 naming a header of `_SINGLEHEADERS` sent twice."""
     headers = {}
     for name, value in scope["headers"]:
         name = name.lower()
-        if name in headers and name in _SINGLE_HEADERS:
+        if name in headers and name in _SINGLEHEADERS:
             raise HttpError(400, f"{name.decode('latin-1')}: sent more than once; send one")
         headers[name] = value
     return headers
@@ -399,74 +363,6 @@ def _request_headers(scope) -> dict:
 
 def _log(line: str) -> None:
     print(f"jaxrl-dist serve: {line}", file=sys.stderr, flush=True)
-
-
-def _worker_main(conn, setup: bytes) -> None:
-    """The rollout process: answer requests from the server's pipe until it closes."""
-    opts = json.loads(setup)
-    if opts["unrolled_threefry"]:
-        use_unrolled_threefry()
-    from jaxrl_dist.backends import wire
-    from jaxrl_dist.backends.shard import ShardWorker
-
-    worker = ShardWorker(opts["name"], opts["max_programs"], opts["max_pools"])
-    policy = wire.RequestPolicy(frozenset(opts["allowed_envs"]), opts["allowed_env_kwargs"],
-                                opts["max_slot"], max_envs=opts["max_envs"],
-                                max_rollout_mb=opts["max_rollout_mb"])
-    conn.send_bytes(b"ready")
-    while True:
-        try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):  # the server is gone
-            return
-        status, payload = _answer(worker, policy, opts["max_bytes"], message)
-        stats = json.dumps(worker.stats()).encode()
-        try:
-            conn.send_bytes(_REPLY.pack(status, len(stats)) + stats + payload)
-        except OSError:  # the server went away while this shard ran
-            return
-
-
-def _answer(worker, policy, max_bytes: int, message: bytes) -> tuple:
-    """`(status, payload)`: the msgpack response, or a JSON error naming the field."""
-    from jaxrl_dist.backends import wire
-    from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.envs import EnvMakeError
-
-    flags, received = _HEAD.unpack_from(message)
-    try:
-        return 200, _rollout(worker, policy, max_bytes, message[_HEAD.size:], flags, received)
-    except wire.BodyTooLarge as err:
-        status, text = 413, str(err)
-    except wire.MalformedBody as err:
-        status, text = 400, str(err)
-    except (wire.ShardError, EnvMakeError, ConfigError) as err:
-        status, text = 422, " ".join(str(err).split())[:500]
-    except Exception as err:  # a bug: one line back, the traceback in the log
-        import traceback
-
-        traceback.print_exc(file=sys.stderr)
-        status, text = 500, f"internal error: {_one_line(err)}"
-    return status, _json({"error": text})
-
-
-def _rollout(worker, policy, max_bytes: int, body: bytes, flags: int, received: float) -> bytes:
-    """Decode, check, run and encode one shard (in the worker process)."""
-    from jaxrl_dist.backends import wire
-    from jaxrl_dist.backends.shard import Timings
-
-    spec, data = wire.decode_request_head(body, bool(flags & 1), max_bytes, policy)
-    req = wire.decode_request_for(worker, spec, data)
-    wire.check_rollout_size(spec, worker.program(spec, req.slot, req.seed).env.spec, policy)
-    out, t, reset = worker.run(spec, req.params, req.actor, req.key, req.slot,
-                               req.run_id, req.seed, received)
-    finished = time.time()
-    timings = Timings(t.received, t.started, finished, _billed(t.received, finished))
-    return wire.encode_response(req.slot, out, timings, reset, worker.name, bool(flags & 2))
-
-
-def _json(data: dict) -> bytes:
-    return json.dumps(data).encode()
 
 
 def resolve_token(token: Optional[str]) -> Optional[str]:
@@ -598,7 +494,7 @@ def _close_late(proto, timeout_s: float) -> None:
     if not proto.transport.is_closing():
         if proto._started:  # a request begun and never finished is told why
             why = f"headers: not received within serve.header_timeout_s={timeout_s:g} s"
-            body = _json({"error": why})
+            body = json_bytes({"error": why})
             proto.transport.write(_TIMEOUT_408 % (len(body), body))
         proto.transport.close()
 

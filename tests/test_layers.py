@@ -19,12 +19,11 @@ LAYERS = [
     ("backends",),
     ("scheduling",),
     ("trainers",),
-    ("serve", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "benchmark"),
+    ("serve_protocol", "serve", "serve_worker", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "benchmark"),
     ("cli", "__main__"),
 ]
 # where a function-local import of the package's own modules is deliberate
 LAZY = {
-    "jaxrl_dist.serve": "the server answers health checks before JAX loads",
     "jaxrl_dist": "`import jaxrl_dist` loads nothing heavy (public names resolve on first use)",
 }
 # the entry package imports each command's module when it runs (importlib), and a command
