@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -87,13 +86,11 @@ def test_train_writes_complete_run_dir(tmp_path):
 ])
 def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     run_dir = tmp_path / "run"
-    start = time.perf_counter()
     out = run_cli("train", f"run.dir={run_dir}", override, timeout=120)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert out.returncode == 2
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], lines
     assert not run_dir.exists()  # failed before making the run (nothing compiled)
-    assert time.perf_counter() - start < 60
 
 
 def test_yaml_defaults_match_the_dataclass_defaults():
