@@ -104,7 +104,7 @@ class LearnedScheduler:
             raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
         trained = load(path)
         check_fits(trained, path, backend_cfg, cfg)
-        # `running`: `scheduler.min_return` (or None: the running min) below a running max
+        # no fixed scale (not among its tasks, no target or max_return): `running_scale` each round
         self.running = full is not None and not has_scale(trained, full)
         if full is not None:
             note_unseen_limits(trained, path, full.run)
@@ -216,8 +216,8 @@ def scale_for(trained: Trained, full=None) -> Scale:
 def running_scale(s: Scale, history: list, min_return: Optional[float] = None) -> Scale:
     """`s` with the return range of the recent returns seen so far (`return_recent`, what
     the `return` feature reads): their running min (or `min_return`) up to their
-    running max, as `scheduler=adapt` does with null bounds. The latest return then
-    always reads within [0, 1]; before any return, or with one, it reads 0."""
+    running max, as `scheduler=adapt` does with null bounds. Without `min_return` the
+    latest return then reads within [0, 1]; before any return, or with one, it reads 0."""
     seen = [r.return_recent for r in history if r.return_recent is not None and math.isfinite(r.return_recent)]
     if not seen:
         lo = 0.0 if min_return is None else float(min_return)
