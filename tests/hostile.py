@@ -293,11 +293,18 @@ def trickled_headers(url: str, timeout: float = 30.0) -> int:
         return _status(sock, timeout)
 
 
-def idle(url: str, timeout: float = 30.0) -> tuple:
-    """A connection that sends nothing: `(status, seconds until the server closed it)`."""
-    t0 = time.time()
+def idle(url: str, timeout: float = 30.0) -> int:
+    """A connection that sends nothing: the server's answer (0: it closed the connection
+    without one), or -1 when it still held the connection after `timeout` seconds."""
     with socket.create_connection(_addr(url)) as sock:
-        return _status(sock, timeout), time.time() - t0
+        sock.settimeout(timeout)
+        try:
+            sock.recv(1, socket.MSG_PEEK)  # returns once the server answers or closes
+        except TimeoutError:
+            return -1
+        except OSError:  # reset: closed
+            return 0
+        return _status(sock, timeout)
 
 
 def huge_claim(url: str, timeout: float = 30.0) -> int:

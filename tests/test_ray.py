@@ -332,15 +332,13 @@ def test_ray_resources_are_checked_before_the_first_round(two_nodes, tmp_path):
     trains; an actor that cannot be placed (its CPUs held) is reported pending."""
     from test_cli import run_cli
 
-    t0 = time.perf_counter()
     out = run_cli("train", "backend=ray", f"backend.address={two_nodes}", "scheduler=fixed", "scheduler.num_shards=4",
                   "backend.max_shards=4", f"run.dir={tmp_path / 'big'}", "run.progress=false", timeout=120)
-    seconds = time.perf_counter() - t0
-    print(f"resource error after {seconds:.1f} s")
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "backend.num_cpus=1 x 4 shards needs 4 CPUs; the Ray cluster has 2" in lines[0]
-    assert "scheduler.num_shards" in lines[0] and seconds < 30, (seconds, lines)
+    assert "scheduler.num_shards" in lines[0], lines
+    assert not (tmp_path / "big" / "metrics.jsonl").exists()  # refused before the first round
 
     summary = runner.train(sync_config({"address": two_nodes, "num_cpus": 0.5}, 4), tmp_path / "half")
     assert summary["rounds"] == 2 and not ray.is_initialized()
@@ -359,11 +357,9 @@ def test_ray_resources_are_checked_before_the_first_round(two_nodes, tmp_path):
         backend = RayBackend(cfg.backend)
         backend.start_timeout_s = 2.0
         backend.start(job._replace(max_shards=1))
-        t0 = time.perf_counter()
         with pytest.raises(BackendError, match=r"slot 0 failed after 1 try: the actor for slot 0 is pending: "
                                                r"not started after 2 s .*has 0 of 2 CPUs free"):
             backend.run_round(0, params, _tasks(cfg, 0, 1), new_table())
-        assert time.perf_counter() - t0 < 10
         backend.close()
     finally:
         ray.shutdown()

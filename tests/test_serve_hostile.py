@@ -10,7 +10,6 @@ A short run in the default suite; 10,000 requests under `slow`. By hand:
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import numpy as np
@@ -118,16 +117,14 @@ def test_compiled_specs_and_pools_are_bounded(server):
 
 
 def test_lying_and_slow_clients_are_timed_out(server):
-    """A body shorter than its Content-Length, headers that never end: 408 within
-    the timeouts (1 s here), not a connection held open; a 2^31 claim: 413 at once; a
-    connection that never sends a byte is closed."""
-    t0 = time.time()
+    """A body shorter than its Content-Length, headers that never end: 408 from the
+    server's timeouts (1 s here), not a connection held open until the client's (30 s)
+    gives up; a 2^31 claim: 413; a connection that never sends a byte is closed by the
+    server, without an answer."""
     assert hostile.claims_more(server.url) == 408
     assert hostile.trickled_headers(server.url) == 408
     assert hostile.huge_claim(server.url) == 413
-    status, seconds = hostile.idle(server.url)  # nothing begun: closed without an answer
-    assert status == 0 and seconds < 5
-    assert time.time() - t0 < 15
+    assert hostile.idle(server.url) == 0  # -1 would be the client's timeout: the server held it
 
 
 def test_beyond_max_concurrent_is_503_with_retry_after(server):

@@ -5,6 +5,7 @@ shipped per task. It is trained on the scheduling MDP (`scheduling.mdp`) by
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
@@ -17,6 +18,7 @@ from jaxrl_dist.core.networks import make_network
 from jaxrl_dist.core.types import EnvSpec
 from jaxrl_dist.scheduling.cost import Left
 from jaxrl_dist.scheduling.mdp import FEATURES, Scale, feature_columns, features, obs_from_records
+from jaxrl_dist.scheduling.schedulers import return_bounds
 
 PRESETS = Path(__file__).resolve().parents[1] / "presets" / "schedulers"
 
@@ -90,7 +92,8 @@ class LearnedScheduler:
 
     Loads `scheduler.path`, else the shipped default (`DEFAULT`: one scheduler
     trained over a set of tasks). A task of its set sees its returns on the scale
-    it was trained with; any other task on its own range (`scale_for`).
+    it was trained with; any other task on its own range (`scale_for`), or, when
+    nothing sets one, on the running range of its recent returns (`running_scale`).
     """
 
     name = "learned"
@@ -101,19 +104,21 @@ class LearnedScheduler:
             raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
         trained = load(path)
         check_fits(trained, path, backend_cfg, cfg)
+        # no fixed scale (not among its tasks, no target or max_return): `running_scale` each round
+        self.running = full is not None and not has_scale(trained, full)
         if full is not None:
             note_unseen_limits(trained, path, full.run)
-            if task_entry(trained, full.env.id) is None:
-                print(f"note: the scheduler in {path} was trained on {trained_on(trained)}; it schedules "
-                      f"{full.env.id} zero-shot, on its own return range", file=sys.stderr)
+            note_scale(trained, path, full, self.running)
         self.trained, self.act = trained, policy(trained)
-        self.scale = scale_for(trained, full)
+        self.scale = Scale(**trained.meta["scale"]) if self.running else scale_for(trained, full)
+        self.min_return = full.scheduler.min_return if self.running else None
 
     sees_limits = True  # the round trainer passes what is left of run.budget_usd / run.deadline_s
 
     def num_shards(self, round_: int, history: list, left: Left = Left()) -> int:
-        obs = obs_from_records(history, self.scale, left)
-        return self.act(np.asarray(features(obs, self.scale, np)))
+        scale = running_scale(self.scale, history, self.min_return) if self.running else self.scale
+        obs = obs_from_records(history, scale, left)
+        return self.act(np.asarray(features(obs, scale, np)))
 
     def expected_shards(self) -> float:
         return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
@@ -162,22 +167,63 @@ def trained_on(trained: Trained) -> str:
     return ", ".join(t["env_id"] for t in trained.meta.get("tasks") or [trained.meta])
 
 
+def upper_return(full) -> Optional[float]:
+    """The top of a task's return range as configured: `run.target_return`, else
+    `scheduler.max_return` (None: neither is set)."""
+    return full.run.target_return if full.run.target_return is not None else full.scheduler.max_return
+
+
+def has_scale(trained: Trained, full) -> bool:
+    """Whether the task has a fixed return scale: one of the scheduler's tasks, or a
+    configured top of its range."""
+    return task_entry(trained, full.env.id) is not None or upper_return(full) is not None
+
+
+def note_scale(trained: Trained, path, full, running: bool) -> None:
+    """One line when the task is outside the scheduler's set: zero-shot on its own
+    range, or, with no range configured, on the running range of its returns."""
+    env_id, lo = full.env.id, full.scheduler.min_return
+    if running:
+        how = ("by their running range" if lo is None
+               else f"from scheduler.min_return={lo:g} up to their running max")
+        print(f"note: no return scale for {env_id} (scheduler.min_return/max_return, run.target_return); "
+              f"the learned scheduler (trained on {trained_on(trained)}) scales returns {how}", file=sys.stderr)
+    elif task_entry(trained, env_id) is None:
+        print(f"note: the scheduler in {path} was trained on {trained_on(trained)}; it schedules "
+              f"{env_id} zero-shot, on its own return range", file=sys.stderr)
+
+
 def scale_for(trained: Trained, full=None) -> Scale:
     """The scale of the task it now schedules: the trained one for a task of its set;
     for another task, the first task's with this task's return range:
-    `scheduler.min_return` (or 0) up to `run.target_return` (or `scheduler.max_return`)."""
+    `scheduler.min_return` (or 0) up to `run.target_return` (or `scheduler.max_return`).
+    A fixed scale is needed here (the scheduling MDP, a benchmark); the live scheduler
+    without one uses `running_scale`."""
     s = Scale(**trained.meta["scale"])
     if full is None:
         return s
     own = task_entry(trained, full.env.id)
     if own is not None:
         return Scale(**own["scale"])
-    hi = full.run.target_return if full.run.target_return is not None else full.scheduler.max_return
+    hi = upper_return(full)
     if hi is None:
         raise ConfigError(f"run.target_return: the scheduler was trained on {trained_on(trained)}; "
                           f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
     lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
     return s._replace(return_lo=float(lo), return_hi=float(hi))
+
+
+def running_scale(s: Scale, history: list, min_return: Optional[float] = None) -> Scale:
+    """`s` with the return range of the recent returns seen so far (`return_recent`, what
+    the `return` feature reads): their running min (or `min_return`) up to their
+    running max, as `scheduler=adapt` does with null bounds. Without `min_return` the
+    latest return then reads within [0, 1]; before any return, or with one, it reads 0."""
+    seen = [r.return_recent for r in history if r.return_recent is not None and math.isfinite(r.return_recent)]
+    if not seen:
+        lo = 0.0 if min_return is None else float(min_return)
+        return s._replace(return_lo=lo, return_hi=lo)
+    lo, hi = return_bounds(seen, min_return, None)
+    return s._replace(return_lo=lo, return_hi=hi)
 
 
 def preset_path(env_id: str) -> Path:
