@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import configure_cpu
 
-EXIT_CONFIG_ERROR = 2
+EXIT_CONFIG_ERROR, EXIT_INTERRUPTED = 2, 130  # 130: the shell's code for Ctrl-C
 # name -> one line of help; the module `jaxrl_dist.cli.<name>` has `main(argv) -> int`
 COMMANDS = {
     "train": "train (a Hydra app: -m sweeps, launchers, --cfg, --info; see jaxrl-dist train --help)",
@@ -66,6 +66,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:  # a check deeper down names the key as well
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handling starts (JAX still loading)
+        print("stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
