@@ -222,11 +222,12 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     history = truncate_records(log_dir / METRICS_FILE, start)
     # opening the logs (and importing their writers) is set-up, kept off the train clock
     logger, tracker = open_logs(cfg, log_dir, setup.derived.num_updates * setup.derived.batch_size,
-                                start * setup.derived.batch_size)
+                                start * setup.derived.batch_size, history)
     t1, saving = time.perf_counter(), ckpt.seconds
     try:
         with _profiling(cfg.run.profile_dir):
             runner, records = _run_chunks(compiled, runner, ckpt, logger, setup, K, start)
+        logger.finish()
     finally:
         logger.close()
         ckpt.close()
