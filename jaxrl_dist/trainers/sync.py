@@ -336,7 +336,8 @@ class RoundTrainer:
         self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         try:
             while (n := self._next_round(r, env_steps, so_far)) is not None:
-                train, rec = self._round(r, n, env_steps, train, table, warm, seen)
+                # in the helper thread: a Ctrl-C during a long round is answered at once
+                train, rec = interrupt.wait_for(self._round, r, n, env_steps, train, table, warm, seen)
                 so_far.append(rec)
                 rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes))
                 r, env_steps = r + 1, rec.env_steps
