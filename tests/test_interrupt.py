@@ -1,16 +1,21 @@
-"""Ctrl-C: the run saves a checkpoint, prints one line with the `run.resume=` command,
-exits 130, and resumes from where it stopped."""
+"""Ctrl-C: the run says at once that it will stop, saves a checkpoint, prints one line
+with the `run.resume=` command, exits 130, and resumes from where it stopped; a second
+Ctrl-C stops it where it is."""
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
 from test_cli import CACHE_HOME, command
+
+from jaxrl_dist.trainers.interrupt import acknowledgement
 
 
 def interrupt_after_first_records(args: list, metrics, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -41,9 +46,10 @@ def interrupted(tmp_path, trainer: str, extra: list, unit: str) -> tuple:
     out = interrupt_after_first_records(args, run / "metrics.jsonl")
     assert out.returncode == 130, out.stderr[-2000:]
     lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"interrupted at {unit} ")
-    assert lines[0].endswith(f"continue with jaxrl-dist train run.resume={run}")
-    step = int(lines[0].split()[3].rstrip(";"))
+    assert len(lines) == 2 and lines[0] == acknowledgement({"fused": "chunk"}.get(trainer, unit))
+    assert lines[1].startswith(f"interrupted at {unit} ")
+    assert lines[1].endswith(f"continue with jaxrl-dist train run.resume={run}")
+    step = int(lines[1].split()[3].rstrip(";"))
     saved = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
     assert saved and saved[-1] == step > 0
     assert not (run / "summary.json").exists()
@@ -58,3 +64,55 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert json.loads((run / "summary.json").read_text())["resumed_at_update"] == step
+
+
+def output_lines(proc) -> queue.Queue:
+    """`proc`'s output lines as they come (None at its end), read by a thread."""
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def next_line(lines: queue.Queue, starts: str, seen: list) -> str:
+    """The next line starting with `starts` (every line read kept in `seen`)."""
+    while (line := lines.get(timeout=300)) is not None:
+        seen.append(line)
+        if line.startswith(starts):
+            return line
+    raise AssertionError(f"no line starting {starts!r} in:\n" + "\n".join(seen[-30:]))
+
+
+def test_ctrl_c_mid_chunk_is_acknowledged_at_once_and_twice_stops_there(tmp_path):
+    """One chunk for the whole run (`run.log_chunks=1`, seconds of device work): the first
+    Ctrl-C is answered while the chunk runs, and the second stops the run inside it,
+    before it has written a record."""
+    run = tmp_path / "run"
+    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    args = ["train", "trainer=fused", "algo.total_timesteps=307200", "run.log_chunks=1", f"run.dir={run}",
+            "run.tensorboard=false"]
+    proc = subprocess.Popen(command() + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    seen: list = []
+    try:
+        lines = output_lines(proc)
+        next_line(lines, "steps 0/307200 ", seen)  # the logs are open: the chunk is next
+        time.sleep(0.5)  # into the chunk's call, past the check before it
+        proc.send_signal(signal.SIGINT)
+        next_line(lines, "Ctrl-C: ", seen)
+        assert seen[-1] == acknowledgement("chunk")
+        proc.send_signal(signal.SIGINT)
+        last = next_line(lines, "stopped at once", seen)
+        assert proc.wait(timeout=60) == 130, "\n".join(seen)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert last.endswith(f"continue from it with jaxrl-dist train run.resume={run}")
+    assert not [x for x in seen if x.startswith("steps ") and not x.startswith("steps 0/")]
+    assert (run / "metrics.jsonl").read_text() == ""  # the chunk never ended
+    assert not (run / "summary.json").exists()

@@ -1,9 +1,9 @@
-"""Per-update metric records and where they go: JSONL, TensorBoard, progress bar.
+"""Per-update metric records and where they go: JSONL, TensorBoard, the terminal.
 
 The record helpers are pure functions over numpy arrays so the summary can be
 recomputed from `metrics.jsonl` alone (which is what makes a resumed run's
 summary identical to an uninterrupted one's). TensorBoard and rich are
-imported only when switched on.
+imported only when switched on; what the terminal shows is `progress`'s.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from jaxrl_dist.scheduling.records import LOSS_KEYS, Record
-from jaxrl_dist.trainers import status
+from jaxrl_dist.trainers.progress import Progress, RoundBudget
 
 # the learner's episode bookkeeping (`learner.episode_metrics`), logged apart
 EPISODE_KEYS = ("episode_return_sum", "episodes", "return_mean")
@@ -104,23 +104,26 @@ def truncate_records(path: Path, upto: int) -> list:
 
 
 class MetricsLogger:
-    """Appends records to `metrics.jsonl`, TensorBoard and a rich progress bar.
+    """Appends records to `metrics.jsonl`, TensorBoard and the terminal (`progress`).
 
     Everything is written in the calling thread, a chunk of records at a time;
     the fused runner calls it while the device runs the next chunk.
     """
 
     def __init__(self, run_dir: Path, total_steps: int, done_steps: int = 0,
-                 tensorboard: bool = True, progress: bool = True, tracker=None, hparams=None):
+                 tensorboard: bool = True, progress: bool = True, tracker=None, hparams=None, *,
+                 history=(), budget: Optional[RoundBudget] = None):
         """`tracker`: a `tracking.WandbTracker` (or None); `hparams`: the flat config that
-        TensorBoard's hyperparameter table shows for this run."""
+        TensorBoard's hyperparameter table shows for this run; `history`: a resumed run's
+        records (the shown return starts from their episodes); `budget`: a round-based
+        run's, whose total steps are known only as its rounds come (`total_steps` ignored)."""
         self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
         self._tracker = tracker
         # purge_step hides events a killed run wrote past its last checkpoint
         self._tb = EventFile(run_dir / "tensorboard", purge_step=done_steps + 1) if tensorboard else None
         if self._tb is not None and hparams:
             self._tb.hparams(hparams)
-        self._progress = _make_progress(total_steps, done_steps) if progress else None
+        self._progress = Progress(total_steps, done_steps, history, budget) if progress else None
 
     def log(self, records: list) -> None:
         """Write `Record`s: JSON is made here, and only here."""
@@ -133,17 +136,20 @@ class MetricsLogger:
         if self._tracker is not None:
             self._tracker.log(lines)
         if self._progress is not None:
-            last = records[-1]
-            ret = "-" if last.ret is None else f"{last.ret:.1f}"
-            self._progress[0].update(self._progress[1], completed=last.env_steps,
-                                     sps=f"{last.sps or 0:,.0f}", ret=ret)
+            self._progress.update(records)
+
+    def finish(self) -> None:
+        """The run ended on its own, not on Ctrl-C or an error: the bar's total becomes the
+        steps it trained (a round-based run stopped at its target trains fewer)."""
+        if self._progress is not None:
+            self._progress.finish()
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._progress is not None:
-            self._progress[0].stop()
+            self._progress.close()
 
 
 # record fields that are bookkeeping, not a quantity over training
@@ -207,20 +213,6 @@ class EventFile:
 
     def close(self) -> None:
         self._writer.close()
-
-
-def _make_progress(total_steps: int, done_steps: int):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    status.stop()  # the bar takes over from the status line
-    # the bar moves once a chunk; redrawn at rich's default 10 Hz it took ~2% of a core
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), transient=False, refresh_per_second=2)
-    task = progress.add_task("train", total=total_steps, completed=done_steps, sps="-", ret="-")
-    progress.start()
-    return progress, task
 
 
 # (summary key, label with its unit): every trainer's summary table shows the rows its

@@ -195,12 +195,13 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
 
 
 
-def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int):
-    """The run's `MetricsLogger` and its tracker (None unless `logger.wandb`)."""
+def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int, history=(), budget=None):
+    """The run's `MetricsLogger` and its tracker (None unless `logger.wandb`); `history`
+    and `budget` as `MetricsLogger` takes them."""
     tracker = open_tracker(cfg, run_dir)
     hparams = flat(without_secrets(to_dict(cfg)))
     logger = MetricsLogger(run_dir, total_steps, done_steps, cfg.run.tensorboard, cfg.run.progress,
-                           tracker, hparams)
+                           tracker, hparams, history=history, budget=budget)
     return logger, tracker
 
 

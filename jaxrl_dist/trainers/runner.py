@@ -90,7 +90,9 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
 
     Chunks are pipelined: chunk `c + 1` is dispatched before chunk `c`'s
     metrics are fetched and logged, so host-side logging overlaps device work.
-    A checkpoint waits for its chunk (the next call donates the state).
+    A checkpoint waits for its chunk (the next call donates the state). Calls
+    and fetches block in `interrupt.wait_for`'s helper thread, so a Ctrl-C is
+    acknowledged while a chunk runs.
     """
     cfg, derived = setup.cfg, setup.derived
     steps_per_chunk = K * derived.batch_size * cfg.num_seeds
@@ -100,7 +102,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
     def drain(item):
         nonlocal t_ready
         c, metrics = item
-        metrics = jax.device_get(metrics)  # blocks until chunk c is done
+        metrics = interrupt.wait_for(jax.device_get, metrics)  # blocks until chunk c is done
         now = time.perf_counter()
         chunk = chunk_records(metrics, c * K + 1, derived.batch_size, steps_per_chunk / (now - t_ready))
         t_ready = now
@@ -113,7 +115,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
                 drain(pending)
             ckpt.save(runner)
             raise interrupt.Interrupted(cfg.run.dir, c * K)
-        runner, metrics = compiled(runner)
+        runner, metrics = interrupt.wait_for(compiled, runner)
         if pending is not None:
             drain(pending)
         pending = (c, metrics)
@@ -167,7 +169,8 @@ def train(cfg: Config, run_dir=None) -> dict:
     if cfg.run.compile_cache:
         enable_compile_cache()
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
-    with interrupt.stop_on_sigint():
+    unit = {"sync": "round", "async": "update"}.get(cfg.trainer.name, "chunk")
+    with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(cfg.run.dir):
         if cfg.trainer.name not in ("async", "sync"):  # fused traces its chunk loop, past the compile
             return _train_fused(cfg, run_dir, resuming, t_start)
         with _profiling(cfg.run.profile_dir):  # the round trainers compile as they go
@@ -215,18 +218,20 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     _rounding_note(cfg)
     with status.showing(f"making {cfg.env.id} and compiling its training program", cfg.run.progress):
         env, setup, ckpt, K = _fused_parts(cfg, run_dir, resuming)
-        runner, compiled, compile_s = _start_and_compile(setup, env, ckpt, cfg, resuming, K)
+        # in the helper thread: a Ctrl-C during a long compile is answered at once
+        runner, compiled, compile_s = interrupt.wait_for(_start_and_compile, setup, env, ckpt, cfg, resuming, K)
     start = int(runner.update)
     log_dir = distributed.own_dir(run_dir)
     log_dir.mkdir(exist_ok=True)
     history = truncate_records(log_dir / METRICS_FILE, start)
     # opening the logs (and importing their writers) is set-up, kept off the train clock
     logger, tracker = open_logs(cfg, log_dir, setup.derived.num_updates * setup.derived.batch_size,
-                                start * setup.derived.batch_size)
+                                start * setup.derived.batch_size, history)
     t1, saving = time.perf_counter(), ckpt.seconds
     try:
         with _profiling(cfg.run.profile_dir):
             runner, records = _run_chunks(compiled, runner, ckpt, logger, setup, K, start)
+        logger.finish()
     finally:
         logger.close()
         ckpt.close()

@@ -38,6 +38,7 @@ from jaxrl_dist.trainers.compile_clock import CompileClock
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb,
                                         run_metadata)
 from jaxrl_dist.trainers.logger import loss_keys, final_returns, nan_to_none, truncate_records
+from jaxrl_dist.trainers.progress import RoundBudget
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.backends.shard import ShardProgram, round_keys, slot_init_key, spec_from_config
 from jaxrl_dist.core.learner import init_train, make_learner
@@ -335,7 +336,8 @@ class RoundTrainer:
         self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         try:
             while (n := self._next_round(r, env_steps, so_far)) is not None:
-                train, rec = self._round(r, n, env_steps, train, table, warm, seen)
+                # in the helper thread: a Ctrl-C during a long round is answered at once
+                train, rec = interrupt.wait_for(self._round, r, n, env_steps, train, table, warm, seen)
                 so_far.append(rec)
                 rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes))
                 r, env_steps = r + 1, rec.env_steps
@@ -418,6 +420,13 @@ class _Trained(NamedTuple):
     compile_seconds: float
 
 
+def round_budget(cfg: Config, expected_shards: float, steps_per_shard: int) -> RoundBudget:
+    """What the progress display estimates the run's total steps from: the step and round
+    limits, and rounds of `expected_shards` until the first one has run."""
+    return RoundBudget(cfg.algo.total_timesteps, cfg.run.max_rounds,
+                       max(1, round(expected_shards)) * steps_per_shard)
+
+
 def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls) -> _Trained:
     """Build the trainer and run it, timing this process's compiles (`CompileClock`)."""
     with CompileClock() as compiles:
@@ -426,10 +435,12 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
         start = int(trainer.state.round)
         history = truncate_records(run_dir / METRICS_FILE, start)
         done = steps_done(history, trainer.learner.steps_per_shard)
-        logger, tracker = open_logs(cfg, run_dir, cfg.algo.total_timesteps, done)
+        logger, tracker = open_logs(cfg, run_dir, cfg.algo.total_timesteps, done, history,
+                                    round_budget(cfg, trainer.expected, trainer.learner.steps_per_shard))
         t1 = time.perf_counter()
         try:
             records = trainer.run(logger, history, t_start)
+            logger.finish()
         except BackendError as err:
             last = trainer.ckpt.latest_step()
             where = f"round {last}" if last is not None else "none yet"

@@ -1,0 +1,71 @@
+"""The default test suite's wall time at two commits, run alternately (base, head, base,
+head, ...) so that both meet the same machine; medians of each.
+
+Each commit is a fresh clone in a temporary directory, tested with this environment's
+interpreter and packages and the clone first on PYTHONPATH (what `.ci/run` runs, less
+the install). The figure is pytest's own "in N s".
+
+    python bench/suite_time.py --base 2800618 [--head HEAD] [--runs 3] [--out bench/results/suite_time.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def clone(rev: str, where: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(HERE.parent), str(where)], check=True)
+    subprocess.run(["git", "-C", str(where), "checkout", "-q", rev], check=True)
+    return where
+
+
+def suite(tree: Path) -> dict:
+    """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tree, env=env,
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    last = [line for line in out.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    seconds = re.search(r"in ([\d.]+)s", last[-1]) if last else None
+    return {"rc": out.returncode, "wall_s": round(wall, 1), "pytest_s": float(seconds[1]) if seconds else None,
+            "line": last[-1].strip("= ") if last else out.stdout[-300:]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True)
+    p.add_argument("--head", default="HEAD")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--out", default="bench/results/suite_time.json")
+    opts = p.parse_args()
+    from common import machine_info, write_json
+
+    runs = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory(prefix="suite_time-") as tmp:
+        trees = {side: clone(getattr(opts, side), Path(tmp) / side) for side in runs}
+        revs = {side: subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True).stdout.strip() for side, t in trees.items()}
+        for i in range(opts.runs):
+            for side in runs:
+                runs[side].append(suite(trees[side]))
+                print(f"[{i + 1}] {side} {revs[side]}: {runs[side][-1]}", flush=True)
+    med = {side: statistics.median(r["pytest_s"] for r in rs) for side, rs in runs.items()}
+    write_json(opts.out, {"meta": machine_info(), "revs": revs, "runs": runs, "median_s": med,
+                          "ratio_head_to_base": round(med["head"] / med["base"], 3)})
+    print(f"median: base {revs['base']} {med['base']:.1f} s, head {revs['head']} {med['head']:.1f} s, "
+          f"head/base {med['head'] / med['base']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
