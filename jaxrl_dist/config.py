@@ -330,6 +330,15 @@ def schema(group: str, name: str) -> type:
     return SCHEMAS[group].get(name, SCHEMAS[group]["local" if group == "backend" else "fixed"])
 
 
+def as_schema(group: str, part):
+    """`part` as its name's own dataclass (a library caller may build the base class with
+    a built-in's name, `SchedulerConfig(name="adapt")`): the keys it has, the rest defaults."""
+    cls = schema(group, part.name)
+    if isinstance(part, cls):
+        return part
+    return cls(**{f.name: getattr(part, f.name) for f in dataclasses.fields(part) if f.name in cls.__dataclass_fields__})
+
+
 # --- pricing, trainers ---------------------------------------------------------------------------
 
 
@@ -481,6 +490,10 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
     num_seeds: int = 1
+
+    def __post_init__(self):
+        self.backend = as_schema("backend", self.backend)
+        self.scheduler = as_schema("scheduler", self.scheduler)
 
     def check(self) -> None:
         """Every part's own checks, then the ones across parts."""

@@ -153,7 +153,8 @@ def test_actors_at_the_start_default_to_one_a_core_on_the_local_backend():
     from jaxrl_dist.backends import BACKENDS
 
     def start(backend="local", **async_):
-        cfg = from_dict({"trainer": "async", "backend": {"name": backend, "urls": ["http://127.0.0.1:1"]},
+        urls = {"urls": ["http://127.0.0.1:1"]} if backend == "http" else {}
+        cfg = from_dict({"trainer": "async", "backend": {"name": backend, **urls},
                          "asynchronous": {"batch_chunks": 8, **async_}})
         return asynchronous.actor_range(cfg, BACKENDS.get(backend))
 

@@ -22,7 +22,7 @@ from jaxrl_dist.backends import BackendError, Job, ShardTask, shard
 from jaxrl_dist.backends.http import HttpBackend
 from jaxrl_dist.backends.local import LocalBackend
 from jaxrl_dist.backends.retry import RETRY_AFTER_MAX_S, Failure, GaveUp, RetryPolicy, retry_after_s
-from jaxrl_dist.config import BackendConfig, ConfigError, HttpBackendConfig, from_dict
+from jaxrl_dist.config import ConfigError, HttpBackendConfig, from_dict
 
 
 # -- the policy on its own -----------------------------------------------------

@@ -13,14 +13,14 @@ import pytest
 
 from jaxrl_dist.backends import bucket
 from jaxrl_dist.scheduling.records import Record
-from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict
+from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig, from_dict, schema
 from jaxrl_dist.scheduling.schedulers import Scheduler, make_scheduler
 
 SHARD_STEPS = 4 * 16  # envs_per_shard * num_steps in `config`
 
 
 def sched(name: str, backend_max: int = 8, **keys):
-    return make_scheduler(SchedulerConfig(name=name, **keys), BackendConfig(max_shards=backend_max))
+    return make_scheduler(schema("scheduler", name)(name=name, **keys), BackendConfig(max_shards=backend_max))
 
 
 def returns(*values) -> list:

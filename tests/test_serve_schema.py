@@ -116,7 +116,7 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
     """By default no env kwarg is taken (the Pong-v5 `base_path` that made envpool abort
     is refused naming it); a rule allows a typed, bounded value; a rule for a path-like
     kwarg is a config error."""
-    from jaxrl_dist.config import ConfigError, from_dict, validate
+    from jaxrl_dist.config import ConfigError, serve_config
 
     with pytest.raises(ShardError, match=r"^spec\.env_kwargs\.base_path: not allowed for Pong-v5"):
         wire.check_env_kwargs("Pong-v5", {"base_path": "/nonexistent"}, {})

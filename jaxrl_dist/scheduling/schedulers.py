@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxrl_dist.config import ConfigError
+from jaxrl_dist.config import ConfigError, as_schema
 from jaxrl_dist.registry import Registry, options as plugin_options
 
 GROUP = "jaxrl_dist.schedulers"
@@ -214,6 +214,7 @@ def make_scheduler(cfg, backend_cfg, full=None) -> Scheduler:
     `expected_shards` follow the run's length; a plugin that declares `Options` gets
     them (`scheduler.options`) as the keyword `options`; `ConfigError` names a bad key."""
     cls = SCHEDULERS.get(cfg.name)
+    cfg = as_schema("scheduler", cfg)
     opts = plugin_options(cls, cfg.options, "scheduler.options")
     extra = {} if opts is None else {"options": opts}
     return cls(cfg, backend_cfg, **extra) if full is None else cls(cfg, backend_cfg, full, **extra)
