@@ -270,7 +270,8 @@ def test_async_clock_prewarms_the_instances_the_balancer_may_start():
     ({"backend": {"name": "fused"}}, "trainer=fused"),
     ({"asynchronous": {"max_staleness": -1}}, "asynchronous.max_staleness"),
     ({"asynchronous": {"actors": 9}}, "asynchronous.actors=9"),
-    ({"asynchronous": {"stale": 1}}, "unknown config key 'async.stale'"),
+    ({"asynchronous": {"stale": 1}}, "unknown config key 'asynchronous.stale'"),
+    ({"async": {"max_staleness": 1}}, "the async trainer's keys are asynchronous.* now"),
     ({"backend": {"name": "local", "slowdown": 0.5}}, "backend.slowdown"),
 ])
 def test_bad_async_keys_are_named(override, word):
