@@ -60,10 +60,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launches", type=int, default=5)
     p.add_argument("--errors", action="store_true", help="time the one-line errors of bad configs instead")
+    p.add_argument("--ctrl-c", action="store_true", help="time Ctrl-C's acknowledgement during a long chunk instead")
     p.add_argument("--out", default="bench/results/first_status.json")
     opts = p.parse_args()
     if opts.errors:
         return errors(opts)
+    if opts.ctrl_c:
+        return ctrl_c(opts)
     from common import machine_info, write_json
 
     script = Path(sys.executable).with_name("jaxrl-dist")
@@ -99,6 +102,48 @@ def errors(opts) -> None:
             out[kind] = {"override": override, "seconds": times, "median": statistics.median(times), "line": shown}
             print(f"{kind:7s} {override:18s} median {out[kind]['median']:.2f} s  {shown!r}", flush=True)
     write_json(opts.out, {"meta": machine_info(), "errors": out})
+
+
+def acknowledged(cmd: list) -> float:
+    """Seconds from SIGINT to Ctrl-C's acknowledgement, sent once the run has shown its
+    bar (inside its one long chunk, `run.log_chunks=1`); the run is then stopped at once."""
+    import signal
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen, sent = b"", None
+    while proc.poll() is None:
+        ready, _, _ = select.select([master], [], [], 0.02)
+        data = os.read(master, 65536) if ready else b""
+        seen += VISIBLE.sub(b"", data)
+        if sent is None and b"steps" in seen:  # the bar: the chunk runs
+            time.sleep(1.0)
+            sent, seen = time.perf_counter(), b""
+            proc.send_signal(signal.SIGINT)
+        elif sent is not None and b"Ctrl-C: stopping" in seen:
+            took = time.perf_counter() - sent
+            proc.send_signal(signal.SIGINT)  # the second: stop at once
+            proc.wait()
+            os.close(master)
+            return took
+    os.close(master)
+    return float("nan")
+
+
+def ctrl_c(opts) -> None:
+    from common import machine_info, write_json
+
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    times = []
+    with tempfile.TemporaryDirectory(prefix="ctrl_c-") as tmp:
+        for i in range(opts.launches):
+            cmd = [str(script), "train", "trainer=fused", "env=breakout_minatar", "algo.total_timesteps=2000000",
+                   "run.log_chunks=1", f"run.dir={tmp}/{i}"]
+            times.append(acknowledged(cmd))
+            print(f"[{i + 1}] Ctrl-C acknowledged after {times[-1]:.3f} s", flush=True)
+    write_json(opts.out, {"meta": machine_info(), "ctrl_c_s": times, "median": statistics.median(times)})
+    print(f"median {statistics.median(times):.3f} s over {len(times)} launches")
 
 
 if __name__ == "__main__":

@@ -501,6 +501,7 @@ class Config:
         for part in (self.env, self.algo, self.run, self.cost, self.logger):
             part.check()
         require(self.backend.name != "fused", f"backend=fused: {FUSED_IS_A_TRAINER}")
+        self.scheduler.check()  # a scheduler's own keys are checked whichever trainer runs
         self.trainer.check(self.num_seeds)
         batch = self.env.num_envs * self.algo.num_steps
         if self.trainer.name == "fused":
@@ -514,7 +515,6 @@ class Config:
         """The round trainers' keys (checked only when a shard backend is chosen)."""
         b, s = self.backend, self.scheduler
         b.check()
-        s.check()
         require(not (s.name == "fixed" and s.num_shards > b.max_shards and self.trainer.name == "sync"),
                 f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
         require(self.num_seeds == 1, f"num_seeds: the round trainer trains one seed, got {self.num_seeds}")

@@ -31,8 +31,8 @@ def servers():
 
 def config(name: str, run_dir, urls=(), **over):
     """3 shards of 4 envs x 16 steps (padded to 4 slots and masked), 5 rounds."""
-    backend = {"name": name, "envs_per_shard": 4, "max_shards": 4, "urls": list(urls),
-               "token": TOKEN, **over.pop("backend", {})}
+    http = {"urls": list(urls), "token": TOKEN} if name == "http" else {}  # the http backend's own keys
+    backend = {"name": name, "envs_per_shard": 4, "max_shards": 4, **http, **over.pop("backend", {})}
     return from_dict({
         "env": over.pop("env", {"id": "CartPole-v1"}),
         "algo": {"total_timesteps": 3 * 4 * 16 * 5, "num_steps": 16, "num_minibatches": 2,

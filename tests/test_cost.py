@@ -143,7 +143,7 @@ def test_stop_keys_and_cost_keys_are_validated():
 
 
 def test_a_limit_that_is_not_positive_is_one_line_exit_2(tmp_path, capsys):
-    from jaxrl_dist.cli import compose as cli
+    from jaxrl_dist import cli
 
     for key in ("run.budget_usd", "run.deadline_s"):
         code = cli.main(["train", "trainer=sync", "run.progress=false", f"run.dir={tmp_path}", f"{key}=0"])

@@ -251,7 +251,7 @@ def test_without_a_return_scale_the_cli_runs_on_the_running_range(tmp_path):
 
 
 def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, capsys):
-    from jaxrl_dist.cli import compose as cli
+    from jaxrl_dist import cli
 
     code = cli.main(["scheduler", "train", "env=hopper", "run.target_return=1000",
                      "--out", str(tmp_path / "s.msgpack")])
@@ -261,7 +261,7 @@ def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, caps
 
 
 def test_budget_and_deadline_spans_are_flags_and_a_bad_one_names_itself(tmp_path, capsys):
-    from jaxrl_dist.cli import compose as cli
+    from jaxrl_dist import cli
     from jaxrl_dist.cli.compose import load_config
 
     cfg = load_config(["env=cartpole", "backend=local"])
@@ -315,7 +315,7 @@ def test_absolute_limits_tell_a_tight_budget_from_a_loose_one_from_the_first_rou
     """`budget_left` starts at 1.0 under any budget; `budget_rounds` starts at the budget's
     share of `max_rounds` rounds at M shards (here 0.3 and 0.9), the same in the MDP and
     in a live run with that budget, and falls as rounds spend it. Without a limit it is 1."""
-    from jaxrl_dist.cli import compose as cli
+    from jaxrl_dist import cli
 
     envs = [make_env(budgets=(b, b), deadlines=(0.9, 0.9), no_limit=0.0) for b in (0.3, 0.9)]
     envs = [mdp.SchedulingEnv(e.task_cfg, e.cost_cfg, e.opts._replace(features=mdp.FEATURES), 2) for e in envs]

@@ -279,12 +279,15 @@ def _hydra(argv: Sequence[str]) -> int:
     store_schemas()
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
     saved, sys.argv = sys.argv, ["jaxrl-dist", *argv]  # hydra.main reads sys.argv; completion binds the name
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     try:
         app()
-    except SystemExit as exit_:  # argparse's usage errors (it printed them)
+    except SystemExit as exit_:  # argparse's usage errors (it printed them), a failed check's exit 2
         return exit_.code if isinstance(exit_.code, int) else 1
-    finally:
+    finally:  # Hydra set up logging for the run; a caller in this process gets its own back
         sys.argv = saved
+        root.handlers[:], root.level = handlers, level
     failures = [int(f.read_text().split(" ", 1)[0]) for d in _state["sweeps"]
                 for f in sorted(d.glob(f"**/{FAILED_FILE}"))] if _state["sweeps"] else _state["failed"]
     return failures[0] if failures else 0
