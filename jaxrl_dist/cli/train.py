@@ -270,6 +270,15 @@ def _quiet_optuna() -> None:
     optuna.logging.enable_propagation()
 
 
+def _absl_keeps_its_stream() -> None:
+    """Hydra's logging set-up closes every handler there is; absl's (made when JAX loads)
+    closes its stream unless that is the current sys.stderr or stdout. For a caller that
+    swapped the streams since (a test's capture) it would close the caller's stream."""
+    absl = sys.modules.get("absl.logging")
+    if absl is not None:
+        absl.get_absl_handler().python_handler.stream = sys.stderr
+
+
 def _hydra(argv: Sequence[str]) -> int:
     """Run the Hydra app on `argv`; the exit code (Hydra's errors re-raised to be one line)."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own report
@@ -281,6 +290,7 @@ def _hydra(argv: Sequence[str]) -> int:
     saved, sys.argv = sys.argv, ["jaxrl-dist", *argv]  # hydra.main reads sys.argv; completion binds the name
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    _absl_keeps_its_stream()
     try:
         app()
     except SystemExit as exit_:  # argparse's usage errors (it printed them), a failed check's exit 2
