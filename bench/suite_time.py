@@ -33,13 +33,15 @@ def suite(tree: Path) -> dict:
     """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=tree, env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12"],
+                         cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     last = [line for line in out.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     seconds = re.search(r"in ([\d.]+)s", last[-1]) if last else None
+    slowest = re.findall(r"^([\d.]+)s (call|setup|teardown) +(\S+)", out.stdout, re.M)
     return {"rc": out.returncode, "wall_s": round(wall, 1), "pytest_s": float(seconds[1]) if seconds else None,
-            "line": last[-1].strip("= ") if last else out.stdout[-300:]}
+            "line": last[-1].strip("= ") if last else out.stdout[-300:],
+            "slowest": [[float(t), phase, test] for t, phase, test in slowest]}
 
 
 def main() -> None:
