@@ -115,6 +115,12 @@ def task_preset(overrides: Sequence[str]) -> list:
     return [f"env={preset}", *overrides]
 
 
+def unknown_preset(group: str, option: str, config_dirs: Sequence[str] = ()) -> str:
+    """The one line for a preset `group` lacks, with the closest one and every choice."""
+    choices = presets(group, config_dirs)
+    return f"unknown {group} preset '{option}'{did_you_mean(option, choices)} (choose from: {', '.join(choices)})"
+
+
 def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
     """One line for a Hydra/OmegaConf error, naming the key and the closest known name."""
     if isinstance(err, OverrideParseException):
@@ -128,9 +134,7 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
         return omegaconf_message(cause, known_keys()) if isinstance(cause, OmegaConfBaseException) else text
     match = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)
     if match:
-        group, option = match.groups()
-        choices = presets(group, config_dirs)
-        return f"unknown {group} preset '{option}'{did_you_mean(option, choices)} (choose from: {', '.join(choices)})"
+        return unknown_preset(*match.groups(), config_dirs)
     if isinstance(err, OmegaConfBaseException):
         return omegaconf_message(err, known_keys())
     return text

@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
-                                    presets, store_schemas, task_preset)
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, did_you_mean, distributed_config, from_omegaconf,
+                                    presets, store_schemas, task_preset, unknown_preset)
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, distributed_config, from_omegaconf,
                                to_dict, validate)
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
@@ -100,10 +100,8 @@ def _check_sweep(config, overrides: Sequence[str]) -> None:
             continue
         for value in values if not key.startswith(("hydra", *OPEN)) else ():
             if key in SCHEMAS or (CONFIG_DIR / key).is_dir():
-                choices = presets(key, dirs)
-                if value not in choices:
-                    raise ConfigError(f"unknown {key} preset '{value}'{did_you_mean(value, choices)} "
-                                      f"(choose from: {', '.join(choices)})")
+                if value not in presets(key, dirs):
+                    raise ConfigError(unknown_preset(key, value, dirs))
                 continue
             try:
                 OmegaConf.merge(job, OmegaConf.from_dotlist([f"{key}={value}"]))
