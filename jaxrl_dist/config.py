@@ -477,6 +477,27 @@ _IGNORED = {
 }
 
 
+# The three kinds of key, for a program and for a sweep (`key_kind`):
+# - traced: only ever numbers in the program (`core.ppo.Hyper`, a per-member array):
+#   jobs that differ only in these share one program, and a new value never recompiles;
+# - host: read by the process around the program (its run dir, logging, trackers), per job;
+# - member: which members a job adds to a group (its seeds);
+# - shaping: everything else sets the program itself (env, network, sizes, booleans,
+#   the trainer, `run.log_chunks` and `run.checkpoint_every` through the chunk size).
+TRACED = ("algo.lr", "algo.max_grad_norm", "algo.ent_coef", "algo.vf_coef", "algo.clip_eps",
+          "algo.gamma", "algo.gae_lambda")
+HOST = ("run.dir", "run.resume", "run.compile_cache", "run.progress", "run.objective", "run.tensorboard",
+        "run.profile_dir", "run.checkpoint_every_s", "logger")
+MEMBER = ("seed", "num_seeds")
+
+
+def key_kind(key: str) -> str:
+    """`traced`, `host`, `member` or `shaping`: what a dotted config key is to a program."""
+    under = lambda prefixes: any(key == p or key.startswith(p + ".") for p in prefixes)  # noqa: E731
+    return ("traced" if key in TRACED else "host" if under(HOST) else "member" if key in MEMBER
+            else "shaping")
+
+
 @dataclass
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)

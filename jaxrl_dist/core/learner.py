@@ -9,6 +9,7 @@ pieces here).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -28,6 +29,7 @@ class Learner(NamedTuple):
     num_rounds: int  # rounds the LR schedule and the run are sized for
     steps_per_shard: int
     update_fn: Any = None  # `update`, not jitted
+    hyper: Any = None  # `ppo.Hyper` of `algo`: the traced coefficients each train state starts with
 
 
 def loop_free(network) -> bool:
@@ -42,9 +44,17 @@ def loop_free(network) -> bool:
     return getattr(network, "torso", None) == "cnn" and jax.default_backend() == "cpu"
 
 
+def tx_maker(a, grad_steps: int):
+    """`(lr, max_grad_norm) -> optimiser` for `algo`: the LR decays over `grad_steps`
+    when `algo.anneal_lr` (`PPOOptions.make_tx`: each update builds it from its
+    member's traced values)."""
+    return partial(ppo.make_optimizer, adam_eps=a.adam_eps, anneal_steps=grad_steps if a.anneal_lr else 0)
+
+
 def make_optimizer(a, grad_steps: int):
-    """`algo`'s optimiser; the LR decays over `grad_steps` when `algo.anneal_lr`."""
-    return ppo.make_optimizer(a.lr, a.max_grad_norm, a.adam_eps, grad_steps if a.anneal_lr else 0)
+    """`algo`'s optimiser with its values as constants (the train state's `tx`: it
+    initialises the optimiser state, whose shapes do not depend on them)."""
+    return tx_maker(a, grad_steps)(a.lr, a.max_grad_norm)
 
 
 def _init_params(network, obs_shape: tuple, obs_dtype, key):
@@ -56,14 +66,16 @@ def _init_params(network, obs_shape: tuple, obs_dtype, key):
 _jitted_init_params = jax.jit(_init_params, static_argnums=(0, 1, 2))
 
 
-def init_train_state(network, tx, spec, key, jit_params: bool = False) -> TrainState:
-    """Parameters and optimiser state of one seed; `jit_params`: the params from one
+def init_train_state(network, tx, spec, key, jit_params: bool = False, hyper=None) -> TrainState:
+    """Parameters and optimiser state of one seed, with its traced coefficients `hyper`
+    (`ppo.Hyper`; None: the constants of `tx`); `jit_params`: the params from one
     jitted program (a fresh CLI process with a warm compile cache: ~0.5 s here, not the
     1-2.5 s of the op-by-op init), else op by op (vmappable, traceable)."""
     init = _jitted_init_params if jit_params else _init_params
     params = init(network, tuple(spec.obs_shape), spec.obs_dtype, key)
+    hyper = None if hyper is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), hyper)
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),
-                      apply_fn=network.apply, tx=tx)
+                      apply_fn=network.apply, tx=tx, hyper=hyper)
 
 
 def episode_metrics(done_return, done, axis=None) -> dict:
@@ -119,12 +131,13 @@ def make_learner(cfg, network, spec, expected_shards: float) -> Learner:
     a = cfg.algo
     steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
-    tx = make_optimizer(a, grad_steps(a, num_rounds))
+    make_tx = tx_maker(a, grad_steps(a, num_rounds))
     opts = ppo.options(a, discrete=spec.discrete, masked=True, unroll=loop_free(network),
                        minibatch_size=a.minibatch_size or 0, rho_bar=cfg.asynchronous.rho_bar,
-                       c_bar=cfg.asynchronous.c_bar, batch_sharding=update_sharding(cfg))
+                       c_bar=cfg.asynchronous.c_bar, batch_sharding=update_sharding(cfg), make_tx=make_tx)
     fn = make_learn_fn(network.apply, opts)
-    return Learner(network, spec, tx, jax.jit(fn, donate_argnums=0), num_rounds, steps_per_shard, fn)
+    return Learner(network, spec, make_tx(a.lr, a.max_grad_norm), jax.jit(fn, donate_argnums=0), num_rounds,
+                   steps_per_shard, fn, ppo.hyper(a))
 
 
 def init_train(learner: Learner, seed: int) -> TrainState:
@@ -132,4 +145,4 @@ def init_train(learner: Learner, seed: int) -> TrainState:
 
 
 def init_train_from_key(learner: Learner, key) -> TrainState:
-    return init_train_state(learner.network, learner.tx, learner.spec, key, jit_params=True)
+    return init_train_state(learner.network, learner.tx, learner.spec, key, jit_params=True, hyper=learner.hyper)

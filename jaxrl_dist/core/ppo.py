@@ -14,7 +14,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jaxrl_dist.core import networks
-from jaxrl_dist.config import AlgoConfig
+from jaxrl_dist.config import TRACED, AlgoConfig
 from jaxrl_dist.core.types import TrainState, Transition
 from jaxrl_dist.registry import Registry, options as plugin_options
 
@@ -26,9 +26,34 @@ LOSSES = Registry("loss", "algo.loss", "jaxrl_dist.losses", {"ppo": "jaxrl_dist.
 _ALGO = AlgoConfig()  # the PPO fields' defaults come from the config: one source
 
 
+class Hyper(NamedTuple):
+    """One member's traced coefficients (`config.TRACED`): float32 arrays that live in
+    its `TrainState.hyper`, so a new value is a new input, not a new program. Under
+    the trainers' vmap each field is one scalar per seed."""
+
+    lr: Any
+    max_grad_norm: Any
+    ent_coef: Any
+    vf_coef: Any
+    clip_eps: Any
+    gamma: Any
+    gae_lambda: Any
+
+
+assert Hyper._fields == tuple(k.split(".")[1] for k in TRACED)
+
+
+def hyper(a) -> Hyper:
+    """The traced coefficients of an `AlgoConfig`, as float32 scalars."""
+    return Hyper(*(jnp.asarray(getattr(a, f), jnp.float32) for f in Hyper._fields))
+
+
 class PPOOptions(NamedTuple):
-    """Static PPO settings (closed over, never traced): `algo.*` by name (`options`),
-    then what the trainer knows about its batch."""
+    """PPO settings closed over by the update: `algo.*` by name (`options`), then what
+    the trainer knows about its batch. Where the train state carries a `Hyper`, the
+    update replaces the traced fields (gamma, gae_lambda, clip_eps, ent_coef, vf_coef)
+    with its arrays before the loss sees them, so a loss must treat those as numbers
+    (arithmetic, `jnp.where`), never as Python values (`if`, `float()`)."""
 
     gamma: float = _ALGO.gamma
     gae_lambda: float = _ALGO.gae_lambda
@@ -48,6 +73,9 @@ class PPOOptions(NamedTuple):
     loss: Any = None  # the loss function (None: `ppo_loss`)
     loss_options: Any = None  # its validated options record (`registry.options`)
     batch_sharding: Any = None  # data-parallel: where a minibatch's samples go (`core.mesh.samples`)
+    # `(lr, max_grad_norm) -> optax transform`: the optimiser built from a member's traced
+    # values in each update (None: the train state's own `tx`, its values constants)
+    make_tx: Any = None
 
 
 def options(a, loss=None, **settings) -> PPOOptions:
@@ -133,11 +161,15 @@ def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions, options
     return loss, metrics
 
 
-def make_optimizer(lr: float, max_grad_norm: float, adam_eps: float, anneal_steps: int = 0):
+def make_optimizer(lr, max_grad_norm, adam_eps: float, anneal_steps: int = 0):
     """Adam with global-norm clipping; linear LR decay to 0 over `anneal_steps` if > 0.
 
-    The optimiser works on the parameters raveled into one vector: with many
-    small leaves, per-leaf optimiser kernels cost more than the math.
+    `lr` and `max_grad_norm` may be traced arrays (a member's `Hyper`): the state
+    (Adam's moments and counts) does not depend on them, so an update builds this
+    transform from the member's values each time and an annealed rate stays an input
+    (the schedule's fraction times the rate), not a constant of the program. The
+    optimiser works on the parameters raveled into one vector: with many small
+    leaves, per-leaf optimiser kernels cost more than the math.
     """
     schedule = optax.linear_schedule(lr, 0.0, anneal_steps) if anneal_steps else lr
     return optax.flatten(optax.chain(optax.clip_by_global_norm(max_grad_norm),
@@ -224,20 +256,21 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
     """
 
     def update(state: TrainState, traj: Transition, last_value, key, real=None, stale=None):
-        batch = make_batch(apply_fn, state.params, traj, last_value, opts, stale)
+        opts_t, tx = traced(opts, state)
+        batch = make_batch(apply_fn, state.params, traj, last_value, opts_t, stale)
         n = batch.advantage.shape[0]
         idx, active = _plan(key, n, None if real is None else real.reshape(-1), opts)
         flat, unravel = ravel_pytree(state.params)
         loss_fn = opts.loss or ppo_loss
         grad_fn = jax.value_and_grad(
-            lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts, opts.loss_options), has_aux=True)
+            lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts_t, opts.loss_options), has_aux=True)
 
         def sgd_step(flat, opt_state, mb_idx):
             mb = jax.tree.map(lambda x: x[mb_idx], batch)
             if opts.batch_sharding is not None:  # each device takes the gradient of its part
                 mb = jax.lax.with_sharding_constraint(mb, opts.batch_sharding)
             (_, metrics), grads = grad_fn(flat, mb)
-            updates, new_opt = state.tx.update(grads, opt_state, flat)
+            updates, new_opt = tx.update(grads, opt_state, flat)
             return flat + updates, new_opt, metrics
 
         loop = _active_loop if opts.minibatch_size and not opts.unroll else partial(_scan_loop, opts=opts)
@@ -246,6 +279,17 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         return state, metrics
 
     return update
+
+
+def traced(opts: PPOOptions, state: TrainState) -> tuple:
+    """`(opts, tx)` for one update: with the state's `Hyper`, the options' coefficients
+    and the optimiser made from its arrays; without one, `opts` and the state's `tx`."""
+    h = state.hyper
+    if h is None:
+        return opts, state.tx
+    opts = opts._replace(gamma=h.gamma, gae_lambda=h.gae_lambda, clip_eps=h.clip_eps,
+                         ent_coef=h.ent_coef, vf_coef=h.vf_coef)
+    return opts, (opts.make_tx(h.lr, h.max_grad_norm) if opts.make_tx else state.tx)
 
 
 def _active_loop(sgd_step, flat, opt_state, idx, active):

@@ -84,8 +84,9 @@ def make_policy_step(apply_fn: Callable, spec, opts: RolloutOptions):
 
 
 def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
-    """Build `rollout(params[S], actor, key[S]) -> (actor, traj[T,S,B], last_value[S,B])`.
+    """Build `rollout(params[S], actor, key[S], gamma[S]=None) -> (actor, traj[T,S,B], last_value[S,B])`.
 
+    `gamma` (each seed's traced discount, for reward scaling; None: `opts.gamma`).
     `traj.obs` is normalised when observation normalisation is on;
     `traj.final_obs` is `None` for envs whose final observation is the next one.
     `last_value` is the value of the observation the rollout stopped at: the
@@ -99,16 +100,16 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
         obs = _by_seed(obs, S)
         return norm_obs(norm.obs, obs, opts.clip_obs) if opts.normalize_obs else obs
 
-    def update_norm(norm, raw_obs, reward, done):
+    def update_norm(norm, raw_obs, reward, done, gamma):
         if opts.normalize_obs:
             norm = norm._replace(obs=jax.vmap(normalize.update_moments)(norm.obs, _by_seed(raw_obs, S)))
         if opts.normalize_reward:
-            norm, reward = jax.vmap(normalize.scale_reward, (0, 0, 0, None, None))(
-                norm, _by_seed(reward, S), _by_seed(done, S), opts.gamma, opts.clip_reward)
+            norm, reward = jax.vmap(normalize.scale_reward, (0, 0, 0, 0, None))(
+                norm, _by_seed(reward, S), _by_seed(done, S), gamma, opts.clip_reward)
             return norm, _flat(reward)
         return norm, reward
 
-    def env_step(params, actor: ActorState, keys):
+    def env_step(params, actor: ActorState, keys, gamma):
         step_keys = jax.vmap(jax.random.split)(keys)  # [S, 2]
         obs = observe(actor.norm, actor.obs)
         action, env_action, logp, value = policy(params, obs, step_keys[:, 0])
@@ -117,7 +118,7 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
         env_keys = jax.vmap(lambda k: jax.random.split(k, env_action.shape[1]))(step_keys[:, 1])
         env_state, out = env.step(actor.env_state, _flat(env_action), _flat(env_keys))
         episodes, done_return, ended = track_episodes(actor.episodes, out)
-        norm, reward = update_norm(actor.norm, out.obs, out.reward, out.terminated | out.truncated)
+        norm, reward = update_norm(actor.norm, out.obs, out.reward, out.terminated | out.truncated, gamma)
         final_obs = None if spec.delayed_reset else observe(norm, out.final_obs)
         tr = Transition(obs=obs, final_obs=final_obs, action=action, log_prob=logp, value=value,
                         reward=_by_seed(reward, S), terminated=_by_seed(out.terminated, S),
@@ -125,11 +126,12 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
                         done_return=_by_seed(done_return, S), done=_by_seed(ended, S))
         return ActorState(env_state, out.obs, episodes, norm), tr
 
-    def rollout(params, actor: ActorState, key):
+    def rollout(params, actor: ActorState, key, gamma=None):
         keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, opts.num_steps))(key), 0, 1)
+        gamma = jnp.full((S,), opts.gamma, jnp.float32) if gamma is None else gamma
 
         def scan_step(actor, step_keys):
-            return env_step(params, actor, step_keys)
+            return env_step(params, actor, step_keys, gamma)
 
         actor, traj = jax.lax.scan(scan_step, actor, keys, unroll=opts.unroll)
         last_value = jax.vmap(apply_fn)(params, observe(actor.norm, actor.obs)).value

@@ -82,7 +82,8 @@ class Transition(NamedTuple):
 
 
 class TrainState(struct.PyTreeNode):
-    """Learner state of one seed: parameters, optimiser state, gradient-step count.
+    """Learner state of one seed: parameters, optimiser state, gradient-step count, and
+    its traced coefficients (`ppo.Hyper`; None: the constants of `tx` and the options).
 
     `tx` works on the parameters raveled into one vector (see `ppo.make_update`).
     """
@@ -92,6 +93,7 @@ class TrainState(struct.PyTreeNode):
     step: jax.Array
     apply_fn: Any = struct.field(pytree_node=False)
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
+    hyper: Any = None
 
 
 class ActorState(NamedTuple):

@@ -45,7 +45,7 @@ from typing import Callable, Optional
 import jax
 
 from jaxrl_dist.config import MOVED, SCHEMAS, Config, ConfigError, from_dict, schema, without_secrets
-from jaxrl_dist.core.types import RunnerState
+from jaxrl_dist.core.types import RunnerState, TrainState
 
 CHECKPOINT_SUBDIR = "checkpoints"
 CONFIG_FILE = "config.yaml"
@@ -186,9 +186,23 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         step = self.latest_step() if step is None else step
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-        with ocp.StandardCheckpointer() as ckptr:
-            return ckptr.restore(self.step_dir(step) / ITEM, abstract)
+        path = self.step_dir(step) / ITEM
+
+        def read(like):
+            with ocp.StandardCheckpointer() as ckptr:
+                return ckptr.restore(path, jax.tree.map(ocp.utils.to_shape_dtype_struct, like))
+
+        try:
+            return read(template)
+        except Exception:
+            older = _without_hyper(template)
+            if older is None:
+                raise
+            try:  # a checkpoint written before the train state carried its coefficients
+                return _with_hyper(read(older), template)
+            except Exception:
+                pass
+            raise
 
     def restore_latest(self, template, say: Callable[[str], None] = _say):
         """The newest intact checkpoint restored into `template`'s structure (`template`
@@ -238,6 +252,25 @@ class Checkpointer:
 
     def close(self) -> None:
         self._mngr.close()
+
+
+def _is_train(x) -> bool:
+    return isinstance(x, TrainState)
+
+
+def _without_hyper(template):
+    """`template` with no traced coefficients in its train states (the layout of the
+    checkpoints written before them); None where it has none to drop."""
+    trains = [x for x in jax.tree.leaves(template, is_leaf=_is_train) if _is_train(x)]
+    if not any(t.hyper is not None for t in trains):
+        return None
+    return jax.tree.map(lambda x: x.replace(hyper=None) if _is_train(x) else x, template, is_leaf=_is_train)
+
+
+def _with_hyper(restored, template):
+    """`restored` with `template`'s coefficients, the config's values such a run started with."""
+    return jax.tree.map(lambda r, t: r.replace(hyper=t.hyper) if _is_train(r) else r, restored, template,
+                        is_leaf=_is_train)
 
 
 def host_env_state(spec) -> bool:

@@ -34,6 +34,7 @@ class Setup(NamedTuple):
     ppo_opts: ppo.PPOOptions
     loop_free: bool = False  # each chunk is one update with unrolled minibatches
     mesh: Any = None  # `trainer.devices` > 1: the seeds x data mesh (`core.mesh`)
+    hyper: Any = None  # `ppo.Hyper` of `cfg.algo`, every seed's traced coefficients at the start
 
 
 def data_mesh(cfg: Config, spec) -> Optional[Mesh]:
@@ -53,23 +54,25 @@ def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> S
     a = cfg.algo
     network = network or make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
     m = num_minibatches(a, derived.batch_size)
-    grad_steps = derived.num_updates * a.update_epochs * m
-    tx = learner.make_optimizer(a, grad_steps)
+    make_tx = learner.tx_maker(a, derived.num_updates * a.update_epochs * m)
     ropts = RolloutOptions(a.num_steps, cfg.num_seeds, derived.normalize_obs,
                            derived.normalize_reward, a.gamma, cfg.env.clip_obs,
                            cfg.env.clip_reward, unroll)
     loop_free = learner.loop_free(network)
     # the fused batch is never padded: minibatch_size only sets the count `m`
     popts = ppo.options(a, loss, discrete=spec.discrete, masked=spec.delayed_reset, unroll=loop_free,
-                        num_minibatches=m, batch_sharding=mesh and meshes.samples(mesh))
-    return Setup(cfg, derived, network, tx, ropts, popts, loop_free, mesh)
+                        num_minibatches=m, batch_sharding=mesh and meshes.samples(mesh), make_tx=make_tx)
+    return Setup(cfg, derived, network, make_tx(a.lr, a.max_grad_norm), ropts, popts, loop_free, mesh,
+                 ppo.hyper(a))
 
 
-def init_runner(setup: Setup, env, seed: int) -> RunnerState:
-    """Fresh state for `num_seeds` seeds; resets the env (host side for envpool)."""
+def init_runner(setup: Setup, env, seed: int, hyper=None) -> RunnerState:
+    """Fresh state for `num_seeds` seeds, each with the traced coefficients `hyper`
+    (`ppo.Hyper` of scalars; None: `setup.hyper`); resets the env (host side for envpool)."""
     S = setup.cfg.num_seeds
+    hyper = setup.hyper if hyper is None else hyper
     init_key, env_key, run_key = jax.random.split(rng.key(seed), 3)
-    init = lambda k: learner.init_train_state(setup.network, setup.tx, env.spec, k)  # noqa: E731
+    init = lambda k: learner.init_train_state(setup.network, setup.tx, env.spec, k, hyper=hyper)  # noqa: E731
     keys = jax.random.split(init_key, S)
     if isinstance(keys, jax.core.Tracer) and jax.default_backend() == "cpu":
         # inside a jit on CPU a loop over seeds, not a vmap: XLA:CPU can lose the
@@ -92,7 +95,8 @@ def make_update_step(setup: Setup, env):
 
     def step(runner: RunnerState, _=None):
         keys = jax.vmap(lambda k: jax.random.split(k, 3))(rng.wrap(runner.key))
-        actor, traj, last_value = rollout(runner.train.params, runner.actor, keys[:, 1])
+        actor, traj, last_value = rollout(runner.train.params, runner.actor, keys[:, 1],
+                                          runner.train.hyper.gamma)
         seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
         train, metrics = update(runner.train, seed_major, last_value, keys[:, 2])
         metrics.update(learner.episode_metrics(traj.done_return, traj.done, axis=(0, 2)))

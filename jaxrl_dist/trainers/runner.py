@@ -47,7 +47,8 @@ def _init_runner(setup, env, seed: int):
     if checkpoint.host_env_state(env.spec):
         return fused.init_runner(setup, env, seed)
     where = None if setup.mesh is None else fused.runner_shardings(setup, env)
-    return jax.jit(functools.partial(fused.init_runner, setup, env, seed), out_shardings=where)()
+    # the coefficients are an argument, so a new value is not a new program
+    return jax.jit(functools.partial(fused.init_runner, setup, env, seed), out_shardings=where)(hyper=setup.hyper)
 
 
 def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
