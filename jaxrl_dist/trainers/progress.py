@@ -68,7 +68,7 @@ def expected_total(budget: RoundBudget, steps: int, rounds: int, round_steps: in
 
 
 class Display(Protocol):
-    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float]) -> None: ...
+    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None: ...
 
     def close(self) -> None: ...
 
@@ -89,20 +89,21 @@ class Bar:
     """rich's progress bar, redrawn twice a second (at rich's default 10 Hz it took ~2% of a
     core); a line `status.say` prints goes above it."""
 
-    def __init__(self, console, total: int, done: int):
+    def __init__(self, console, total: int, done: int, label: str = "train"):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
 
         self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}"),
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}{task.fields[note]}"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, refresh_per_second=2)
-        self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret="-")
+        self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret="-", note="")
         self._progress.start()
         status.attach(console)
 
-    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float]) -> None:
-        self._progress.update(self._task, completed=steps, total=total, sps=f"{sps or 0:,.0f}", ret=_return(ret))
+    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
+        self._progress.update(self._task, completed=steps, total=total, sps=f"{sps or 0:,.0f}", ret=_return(ret),
+                              note=note and f"  {note}")
 
     def close(self) -> None:
         status.detach(self._progress.console)
@@ -114,8 +115,8 @@ class Lines:
     or `LINE_EVERY_S` seconds (whichever comes first), and the last at close; the full
     numbers, no control codes, each line flushed."""
 
-    def __init__(self, stream, total: int, done: int):
-        self._stream, self._t0 = stream, time.monotonic()
+    def __init__(self, stream, total: int, done: int, label: str = ""):
+        self._stream, self._t0, self._label = stream, time.monotonic(), label and f"{label}  "
         self._last_t, self._mark = self._t0, self._mark_of(done, total)
         self._pending: Optional[tuple] = None  # what `show` got and no line has shown yet
         self._print(done, total, None, None)
@@ -124,20 +125,20 @@ class Lines:
     def _mark_of(steps: int, total: int) -> int:
         return int(steps / max(total, 1) / LINE_FRACTION)
 
-    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float]) -> None:
+    def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
         now, mark = time.monotonic(), self._mark_of(steps, total)
         if mark > self._mark or now - self._last_t >= LINE_EVERY_S:
             self._mark, self._last_t = mark, now
-            self._print(steps, total, ret, sps)
+            self._print(steps, total, ret, sps, note)
         else:
-            self._pending = (steps, total, ret, sps)
+            self._pending = (steps, total, ret, sps, note)
 
-    def _print(self, steps: int, total: int, ret: Optional[float], sps: Optional[float]) -> None:
+    def _print(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
         self._pending = None
         elapsed = int(time.monotonic() - self._t0)
         rate = "-" if sps is None else si(sps)
-        self._stream.write(f"steps {steps}/{total} ({steps / max(total, 1):.0%})  return {_return(ret)}  "
-                           f"{rate} steps/s  elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}\n")
+        self._stream.write(f"{self._label}steps {steps}/{total} ({steps / max(total, 1):.0%})  return {_return(ret)}  "
+                           f"{note + '  ' if note else ''}{rate} steps/s  elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}\n")
         self._stream.flush()
 
     def close(self) -> None:
@@ -145,7 +146,7 @@ class Lines:
             self._print(*self._pending)
 
 
-def make_display(total: int, done: int) -> Display:
+def make_display(total: int, done: int, label: str = "") -> Display:
     """The bar where stdout is a terminal (as rich tells it: `TTY_COMPATIBLE`, `FORCE_COLOR`
     and Jupyter count), plain lines elsewhere."""
     from rich.console import Console
@@ -153,8 +154,8 @@ def make_display(total: int, done: int) -> Display:
     status.stop()  # the bar or the lines take over from the status line
     console = Console()
     if console.is_terminal or console.is_jupyter:
-        return Bar(console, total, done)
-    return Lines(sys.stdout, total, done)
+        return Bar(console, total, done, label or "train")
+    return Lines(sys.stdout, total, done, label)
 
 
 class Progress:

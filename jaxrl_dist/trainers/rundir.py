@@ -205,14 +205,15 @@ def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int, his
     return logger, tracker
 
 
-def finish_run(run_dir: Path, summary: dict, tracker=None) -> None:
-    """Write `summary.json`, hand the summary to the tracker, print the table."""
+def finish_run(run_dir: Path, summary: dict, tracker=None, show: bool = True) -> None:
+    """Write `summary.json`, hand the summary to the tracker, print the table (`show`)."""
     import json
 
     (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     if tracker is not None:
         tracker.finish(summary)
-    print_summary(summary)
+    if show:
+        print_summary(summary)
 
 
 def print_summary(summary: dict) -> None:

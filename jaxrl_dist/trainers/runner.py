@@ -59,7 +59,7 @@ def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
     return runner
 
 
-def _compile_chunk(setup, env, K: int, runner_like):
+def compile_chunk(setup, env, K: int, runner_like):
     """AOT-compile the chunk for `runner_like`'s shapes; returns `(executable, seconds)`."""
     t0 = time.perf_counter()
     compiled = fused.make_train_chunk(setup, env, K).lower(runner_like).compile()
@@ -77,17 +77,29 @@ def _start_and_compile(setup, env, ckpt, cfg: Config, resuming: bool, K: int):
         runner = _start_runner(setup, env, ckpt, cfg, resuming)
         if int(runner.update) >= setup.derived.num_updates:
             return runner, None, 0.0  # a finished run, resumed again: nothing to do
-        return (runner, *_compile_chunk(setup, env, K, runner))
+        return (runner, *compile_chunk(setup, env, K, runner))
     shapes = jax.eval_shape(functools.partial(fused.init_runner, setup, env, cfg.seed))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(_compile_chunk, setup, env, K, shapes)
+        future = pool.submit(compile_chunk, setup, env, K, shapes)
         runner = _start_runner(setup, env, ckpt, cfg, resuming)
         compiled, seconds = future.result()
     return runner, compiled, seconds
 
 
-def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
+def chunk_logger(logger, derived):
+    """`log(metrics[K, S], first_update, sps) -> records`: a chunk's records, written."""
+
+    def log(metrics, first_update: int, sps: float) -> list:
+        chunk = chunk_records(metrics, first_update, derived.batch_size, sps)
+        logger.log(chunk)
+        return chunk
+
+    return log
+
+
+def run_chunks(compiled, runner, ckpt, log, setup, K: int, start: int):
     """Call the compiled chunk until the last update; returns `(runner, records)`.
+    `log` (`chunk_logger`'s) writes each chunk's records; `ckpt` saves the runner.
 
     Chunks are pipelined: chunk `c + 1` is dispatched before chunk `c`'s
     metrics are fetched and logged, so host-side logging overlaps device work.
@@ -105,10 +117,8 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
         c, metrics = item
         metrics = interrupt.wait_for(jax.device_get, metrics)  # blocks until chunk c is done
         now = time.perf_counter()
-        chunk = chunk_records(metrics, c * K + 1, derived.batch_size, steps_per_chunk / (now - t_ready))
+        records.extend(log(metrics, c * K + 1, steps_per_chunk / (now - t_ready)))
         t_ready = now
-        logger.log(chunk)
-        records.extend(chunk)
 
     for c in range(start // K, derived.num_updates // K):
         if interrupt.requested():  # Ctrl-C: save what is done and stop
@@ -130,7 +140,7 @@ def _run_chunks(compiled, runner, ckpt, logger, setup, K: int, start: int):
     return runner, records
 
 
-def _summary(cfg, setup, runner, records, times: dict, start: int) -> dict:
+def summary_of(cfg, setup, runner, records, times: dict, start: int) -> dict:
     d = setup.derived
     final, per_seed = final_returns(records, d.num_updates)
     done = (d.num_updates - start) * d.batch_size * cfg.num_seeds
@@ -231,7 +241,7 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     t1, saving = time.perf_counter(), ckpt.seconds
     try:
         with _profiling(cfg.run.profile_dir):
-            runner, records = _run_chunks(compiled, runner, ckpt, logger, setup, K, start)
+            runner, records = run_chunks(compiled, runner, ckpt, chunk_logger(logger, setup.derived), setup, K, start)
         logger.finish()
     finally:
         logger.close()
@@ -240,7 +250,7 @@ def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
     saving = ckpt.seconds - saving
     times = {"compile": compile_s, "checkpoint": saving, "train": t2 - t1 - saving,
              "wall": time.perf_counter() - t_start}
-    summary = _summary(cfg, setup, runner, history + records, times, start)
+    summary = summary_of(cfg, setup, runner, history + records, times, start)
     finish_run(log_dir, summary, tracker)
     return summary
 
