@@ -192,20 +192,42 @@ def job(cfg) -> float:
     """
     from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 
-    hc = HydraConfig.get()
-    multirun = hc.mode == RunMode.MULTIRUN
-    overrides = list(hc.overrides.task)
     configure_cpu()  # a launcher's worker process has not set up the CPU yet
     use_unrolled_threefry()
+    hc = HydraConfig.get()
+    return _reported(lambda: _run(cfg, list(hc.overrides.task), hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN))
+
+
+def _reported(run) -> float:
+    """`run()`'s objective; a `JobFailed` printed with the job's overrides, left in
+    `RUN_DIR/FAILED_FILE`, and NaN (which the Optuna sweeper counts as a failed trial)."""
+    hc = HydraConfig.get()
     try:
-        return _run(cfg, overrides, hc.runtime.output_dir, multirun)
+        return run()
     except JobFailed as err:
         LOG.info("failed: %s", err)
         _state["failed"].append(err.code)
         (Path(hc.runtime.output_dir) / FAILED_FILE).write_text(f"{err.code} {err}\n")
-        where = f" [job {hc.job.num}: {' '.join(overrides)}]" if multirun else ""
+        where = f" [job {hc.job.num}: {' '.join(hc.overrides.task)}]" if hc.mode == RunMode.MULTIRUN else ""
         print(f"{err}{where}", file=sys.stderr, flush=True)
         return math.nan
+
+
+def trained(summary: Optional[dict], failure: Optional[str] = None):
+    """Hydra's task function for a job already trained in a group (`hydra/launcher=vmap`):
+    its log lines and objective, or its failure's one line."""
+
+    def task(cfg) -> float:
+        def run() -> float:
+            if failure is not None:
+                raise JobFailed(failure, EXIT_CONFIG_ERROR)
+            LOG.info("trained in a group; run dir %s", summary["run_dir"])
+            LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+            return _objective(summary, str(cfg.run.objective))
+
+        return _reported(run)
+
+    return task
 
 
 # --- the command line -------------------------------------------------------------------------------

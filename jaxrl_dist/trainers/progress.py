@@ -103,7 +103,7 @@ class Bar:
 
     def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
         self._progress.update(self._task, completed=steps, total=total, sps=f"{sps or 0:,.0f}", ret=_return(ret),
-                              note=note and f"  {note}")
+                              note=note and f" {note}")
 
     def close(self) -> None:
         status.detach(self._progress.console)
@@ -137,7 +137,7 @@ class Lines:
         self._pending = None
         elapsed = int(time.monotonic() - self._t0)
         rate = "-" if sps is None else si(sps)
-        self._stream.write(f"{self._label}steps {steps}/{total} ({steps / max(total, 1):.0%})  return {_return(ret)}  "
+        self._stream.write(f"{self._label}steps {steps}/{total} ({steps / max(total, 1):.0%})  return {_return(ret)}{' ' if note else '  '}"
                            f"{note + '  ' if note else ''}{rate} steps/s  elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}\n")
         self._stream.flush()
 

@@ -1,0 +1,166 @@
+"""`hydra/launcher=vmap`: a sweep's jobs grouped by their shaping keys, each group trained
+as one fused program (`trainers.group`), every job still a Hydra job.
+
+The launcher composes and checks every job's config first. Jobs whose shaping keys are
+equal (`config.key_kind`) form a group: its members are the jobs' seeds, with each
+job's traced coefficients, trained by one compiled program. Then every job goes
+through Hydra's own `run_job` (its `.hydra/`, its job log, the callbacks, the return
+value the sweeper reads), with a task function that reports what the group trained.
+Jobs that cannot join a group (the round trainers, a job alone in its group, a resumed
+run, envpool) and jobs whose config fails run as the basic launcher runs them, one
+after another in this process.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from omegaconf import OmegaConf, open_dict
+
+from jaxrl_dist.cli import train as train_cli
+from jaxrl_dist.cli.compose import one_line
+from jaxrl_dist.config import ConfigError
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _jobs(launcher, job_overrides: Sequence[Sequence[str]], first: int) -> list:
+    """Each job's composed config (with its Hydra job number), as the basic launcher makes it."""
+    out = []
+    for i, overrides in enumerate(job_overrides):
+        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = config.hydra.job.num = first + i
+        out.append((list(overrides), config))
+    return out
+
+
+def _checked(jobs: list) -> tuple:
+    """`(configs, failures)`: each job's validated `Config` (None where it failed) and
+    `{index: its one line}`."""
+    from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
+
+    configure_cpu()
+    use_unrolled_threefry()
+    configs, failures = [], {}
+    for i, (overrides, config) in enumerate(jobs):
+        try:
+            cfg = train_cli._checked(config, overrides)
+            if "run.progress" not in [o.split("=", 1)[0] for o in overrides]:
+                cfg.run.progress = True  # the group's bar (no member draws its own)
+            configs.append(cfg)
+        except ConfigError as err:
+            configs.append(None)
+            failures[i] = f"error: {one_line(err)}"
+    return configs, failures
+
+
+def _output_dir(config) -> Path:
+    return Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config, "hydra.sweep.subdir"))
+
+
+def _describe(configs: list, groups: list, alone: dict) -> None:
+    """One line for the plan, and one naming the swept shaping keys that split the sweep."""
+    from jaxrl_dist.trainers.group import differing
+
+    ok = [c for c in configs if c is not None]
+    split = differing([c for c in ok if c.trainer.name == "fused"]) if len(ok) > 1 else []
+    if split:
+        _say(f"vmap: {', '.join(split)} differ between jobs (shaping keys): jobs with different values "
+             "train in different programs")
+    members = sum(configs[i].num_seeds for g in groups for i in g)
+    _say(f"vmap: {len(configs)} jobs: {len(groups)} group(s) of {members} members as one program each"
+         f"{f', {len(alone)} on their own' if alone else ''}")
+
+
+def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
+    """Hydra's `Launcher.launch` for `hydra/launcher=vmap`: one `JobReturn` per job, in order."""
+    from jaxrl_dist.trainers.group import plan
+
+    setup_globals()
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+    jobs = _jobs(launcher, job_overrides, initial_job_idx)
+    configs, failures = _checked(jobs)
+    valid = [i for i, c in enumerate(configs) if c is not None]
+    groups, alone = plan([configs[i] for i in valid], launcher.max_members)
+    groups = [[valid[i] for i in g] for g in groups]
+    alone = {valid[i]: why for i, why in alone.items()}
+    _describe(configs, groups, alone)
+    returns, rows = {}, {}
+    for g, members in enumerate(groups, 1):
+        _run_group(launcher, jobs, configs, members, f"group {g}/{len(groups)}", returns, rows)
+    for i in sorted(set(alone) | set(failures)):
+        if i in alone:
+            _say(f"job {jobs[i][1].hydra.job.num}: on its own ({alone[i]})")
+        task = train_cli.trained(None, failures[i]) if i in failures else launcher.task_function
+        returns[i] = _run_job(launcher, jobs[i][1], task)
+        rows[i] = _row(jobs[i], returns[i], "failed" if i in failures else "alone")
+    _table([rows[i] for i in sorted(rows)], [o for o, _ in jobs])
+    return [returns[i] for i in range(len(jobs))]
+
+
+def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict, rows: dict) -> None:
+    """Train one group and hand each of its jobs to Hydra with what it trained; a group
+    that fails fails each of its jobs with the one line; Ctrl-C exits 130."""
+    from jaxrl_dist.backends import BackendError
+    from jaxrl_dist.trainers.group import train_group
+    from jaxrl_dist.trainers.interrupt import Interrupted
+
+    dirs = [_output_dir(jobs[i][1]) for i in members]
+    try:
+        summaries, failure = train_group([configs[i] for i in members], dirs, label, _say), None
+    except (ConfigError, BackendError) as err:
+        summaries, failure = [None] * len(members), f"error: {one_line(err)}"
+    except Interrupted:
+        _say(f"interrupted: each job of {label} saved a checkpoint in its run dir "
+             f"({dirs[0].parent}/*); continue one with run.resume=RUN_DIR")
+        raise SystemExit(train_cli.EXIT_INTERRUPTED) from None
+    for i, summary in zip(members, summaries):
+        returns[i] = _run_job(launcher, jobs[i][1], train_cli.trained(summary, failure))
+        rows[i] = _row(jobs[i], returns[i], label, summary)
+
+
+def _run_job(launcher, config, task) -> JobReturn:
+    ret = run_job(hydra_context=launcher.hydra_context, task_function=task, config=config,
+                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
+    return ret
+
+
+def _row(job, ret: JobReturn, how: str, summary=None) -> tuple:
+    overrides, config = job
+    value = ret.return_value if ret.status.name == "COMPLETED" else None
+    digest = ""
+    if summary is None:  # a job run on its own wrote its summary
+        path = _output_dir(config) / "summary.json"
+        if path.is_file():
+            import json
+
+            summary = json.loads(path.read_text())
+    if summary:
+        digest = str(summary.get("params_sha256", ""))[:12]
+    final = summary.get("final_return") if summary else None
+    return (str(config.hydra.job.num), overrides, how,
+            "-" if final is None else f"{final:.1f}", digest or "-", "-" if value is None else f"{value:.4g}")
+
+
+def _table(rows: list, overrides: list) -> None:
+    """The sweep's jobs: the overrides that differ between them, how each ran, final
+    return, params digest, objective."""
+    from rich.console import Console
+    from rich.table import Table
+
+    common = set.intersection(*(set(o) for o in overrides)) if overrides else set()
+    rows = [(r[0], " ".join(o for o in filter_overrides(r[1]) if o not in common) or "-", *r[2:]) for r in rows]
+
+    table = Table(title="sweep", title_justify="left")
+    for name in ("job", "overrides", "ran", "final return", "params sha256", "objective"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
