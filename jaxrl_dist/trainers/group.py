@@ -27,7 +27,7 @@ from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.logger import chunk_records
 from jaxrl_dist.trainers.progress import RecentReturn, make_display
 from jaxrl_dist.trainers.rundir import finish_run, open_logs, prepare_run
-from jaxrl_dist.trainers.runner import compile_chunk, run_chunks, summary_of
+from jaxrl_dist.trainers.runner import compile_chunk, placed, run_chunks, summary_of
 from jaxrl_dist.trainers.tracking import flat
 
 
@@ -219,6 +219,7 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
     with interrupt.stop_on_sigint("chunk"):
         runner = interrupt.wait_for(_init_members, setup, members)
         compiled, compile_s = interrupt.wait_for(compile_chunk, setup, env, K, runner)
+        runner = placed(compiled, runner)
         say(f"{label}: {len(members)} jobs, {lo} members, one program (compiled in {compile_s:.1f} s)")
         logs = _Logs(members, setup.derived, label, any(c.run.progress for c in cfgs))
         ckpt = _Checkpoints(members, base.env.num_envs)

@@ -60,10 +60,21 @@ def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
 
 
 def compile_chunk(setup, env, K: int, runner_like):
-    """AOT-compile the chunk for `runner_like`'s shapes; returns `(executable, seconds)`."""
+    """AOT-compile the chunk for `runner_like`'s shapes; returns `(executable, seconds)`.
+
+    Lowered from shapes alone: a restored runner's arrays are committed to one device,
+    which a chunk whose seeds are split over several (`fused.seed_devices`) refuses to
+    lower from, though it takes them as inputs."""
     t0 = time.perf_counter()
+    if setup.mesh is None:
+        runner_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), runner_like)
     compiled = fused.make_train_chunk(setup, env, K).lower(runner_like).compile()
     return compiled, time.perf_counter() - t0
+
+
+def placed(compiled, runner):
+    """`runner` where the compiled chunk takes it (a restored runner sits on one device)."""
+    return jax.device_put(runner, compiled.input_shardings[0][0])
 
 
 def _start_and_compile(setup, env, ckpt, cfg: Config, resuming: bool, K: int):
@@ -77,7 +88,8 @@ def _start_and_compile(setup, env, ckpt, cfg: Config, resuming: bool, K: int):
         runner = _start_runner(setup, env, ckpt, cfg, resuming)
         if int(runner.update) >= setup.derived.num_updates:
             return runner, None, 0.0  # a finished run, resumed again: nothing to do
-        return (runner, *compile_chunk(setup, env, K, runner))
+        compiled, seconds = compile_chunk(setup, env, K, runner)
+        return placed(compiled, runner), compiled, seconds
     shapes = jax.eval_shape(functools.partial(fused.init_runner, setup, env, cfg.seed))
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(compile_chunk, setup, env, K, shapes)

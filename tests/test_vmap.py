@@ -1,0 +1,117 @@
+"""`hydra/launcher=vmap` and the grouped trainer under it: a sweep's jobs that differ only
+in traced coefficients and seeds train as one program, each member as its job alone."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import jax
+import numpy as np
+
+from jaxrl_dist.config import TRACED, from_dict, key_kind
+from jaxrl_dist.evaluation import _raw_checkpoint
+from jaxrl_dist.trainers.group import plan, train_group
+from jaxrl_dist.trainers.runner import train
+from test_cli import run_cli
+from test_sweeps import TINY, job_dirs
+
+UPDATES = 10
+# every traced key away from its default in at least one job; seeds and seed counts differ too
+JOBS = [dict(seed=0, num_seeds=1, algo={"lr": 1e-3}),
+        dict(seed=1, num_seeds=2, algo={"lr": 3e-3, "ent_coef": 0.0, "gamma": 0.9, "clip_eps": 0.1}),
+        dict(seed=2, num_seeds=1, algo={"lr": 1e-2, "vf_coef": 1.0, "gae_lambda": 0.8, "max_grad_norm": 0.1})]
+
+
+def job(run_dir, seed=0, num_seeds=1, algo=(), **run):
+    return from_dict({"trainer": "fused", "env": {"num_envs": 4}, "seed": seed, "num_seeds": num_seeds,
+                      "algo": {"total_timesteps": 4 * 32 * UPDATES, "num_steps": 32, "num_minibatches": 2,
+                               "update_epochs": 2, **dict(algo)},
+                      "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, **run}})
+
+
+def params(run_dir):
+    return jax.tree.leaves(_raw_checkpoint(run_dir)[1]["train"]["params"])
+
+
+def largest_difference(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(params(a), params(b)))
+
+
+def test_the_traced_keys_are_declared_beside_the_config():
+    assert all(key_kind(k) == "traced" for k in TRACED) and len(TRACED) == 7
+    assert key_kind("algo.num_steps") == key_kind("env.id") == key_kind("run.log_chunks") == "shaping"
+    assert key_kind("run.dir") == key_kind("logger.wandb") == "host" and key_kind("seed") == "member"
+
+
+def test_each_member_trains_as_its_job_alone_and_resumes_alone(tmp_path):
+    """After 10 updates each member's params are its job's alone within 1e-5, whichever
+    traced keys it changed; a member's mid-run checkpoint continues alone (unvmapped)."""
+    cfgs = [job(tmp_path / f"member{i}", checkpoint_every=5, **j) for i, j in enumerate(JOBS)]
+    summaries = train_group(cfgs, [c.run.dir for c in cfgs], say=lambda _: None)
+    assert [s["group"]["members"] for s in summaries] == [4, 4, 4]
+    for i, (cfg, summary) in enumerate(zip(cfgs, summaries)):
+        alone = tmp_path / f"alone{i}"
+        train(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(alone))))
+        assert largest_difference(cfg.run.dir, alone) <= 1e-5, i
+        written = json.loads((tmp_path / f"member{i}" / "summary.json").read_text())
+        assert written["params_sha256"] == summary["params_sha256"] and written["num_seeds"] == cfg.num_seeds
+        assert len((tmp_path / f"member{i}" / "metrics.jsonl").read_text().splitlines()) == UPDATES
+    # member 1 from its checkpoint at update 5, alone
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "member1", resumed)
+    shutil.rmtree(resumed / "checkpoints" / str(UPDATES))
+    train(from_dict({"run": {"resume": str(resumed), "progress": False}}))
+    assert largest_difference(resumed, tmp_path / "member1") <= 1e-5
+
+
+def test_the_plan_groups_by_shaping_keys_in_chunks_of_whole_jobs(tmp_path):
+    base = [job(tmp_path, seed=s, num_seeds=2) for s in range(5)]
+    other = job(tmp_path, algo={"num_steps": 16})
+    rounds = dataclasses.replace(base[0], trainer=dataclasses.replace(base[0].trainer, name="sync"), num_seeds=1)
+    groups, alone = plan(base + [other, rounds], max_members=4)
+    assert groups == [[0, 1], [2, 3], [4]]
+    assert alone[5] == "alone in its group" and "trainer=sync" in alone[6]
+
+
+def test_a_sweep_with_the_vmap_launcher(tmp_path):
+    """The jobs that differ in a traced key train as one program; a job whose config fails
+    fails alone with its line; every other job leaves what a job leaves, and the table
+    of the jobs ends the sweep."""
+    sweep = tmp_path / "sweep"
+    out = run_cli("train", "-m", "hydra/launcher=vmap", *TINY, "algo.lr=1e-3,3e-4", "env.num_envs=4,0",
+                  f"run.dir={sweep}", "run.progress=false")
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert sum(x.startswith("error: env.num_envs must be positive, got 0 [job") for x in lines) == 2
+    assert sum(x.startswith("group 1/1: 2 jobs, 2 members, one program") for x in lines) == 1, out.stderr
+    runs = job_dirs(sweep)
+    assert len(runs) == 4
+    for run in runs:
+        assert (run / ".hydra" / "overrides.yaml").is_file() and (run / "train.log").is_file()
+        if (run / "FAILED").exists():
+            continue
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["group"]["jobs"] == 2 and summary["run_dir"] == str(run)
+        assert (run / "metrics.jsonl").is_file() and any((run / "checkpoints").iterdir())
+    assert len([r for r in runs if (r / "summary.json").exists()]) == 2
+    assert "params sha256" in out.stdout  # the table of the jobs
+
+
+def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
+    from jaxrl_dist.cli.vmap import _describe
+
+    cfgs = [job(tmp_path, algo={"lr": lr, "num_steps": n}) for lr in (1e-3, 3e-4) for n in (16, 32)]
+    _describe(cfgs, *plan(cfgs, 1024))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["vmap: algo.num_steps differ between jobs (shaping keys): jobs with different values "
+                     "train in different programs",
+                     "vmap: 4 jobs: 2 group(s) of 4 members as one program each"]
+
+
+def test_a_launcher_option_out_of_range_is_one_line(tmp_path):
+    out = run_cli("train", "-m", "hydra/launcher=vmap", "hydra.launcher.max_members=0", "seed=1,2",
+                  f"run.dir={tmp_path / 's'}", timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: hydra.launcher.max_members must be a positive integer, got 0"
+
