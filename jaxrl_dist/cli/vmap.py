@@ -8,7 +8,8 @@ through Hydra's own `run_job` (its `.hydra/`, its job log, the callbacks, the re
 value the sweeper reads), with a task function that reports what the group trained.
 Jobs that cannot join a group (the round trainers, a job alone in its group, a resumed
 run, envpool) and jobs whose config fails run as the basic launcher runs them, one
-after another in this process.
+after another in this process. The plugin imports this module only when a sweep is
+launched, so its JAX imports stay off Hydra's start-up scan.
 """
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from typing import Sequence
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
+from jaxrl_dist.backends import BackendError
 from jaxrl_dist.cli import train as train_cli
 from jaxrl_dist.cli.compose import one_line
 from jaxrl_dist.config import ConfigError
+from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
+from jaxrl_dist.trainers.group import differing, plan, train_group
+from jaxrl_dist.trainers.interrupt import Interrupted
 
 
 def _say(text: str) -> None:
@@ -42,8 +47,6 @@ def _jobs(launcher, job_overrides: Sequence[Sequence[str]], first: int) -> list:
 def _checked(jobs: list) -> tuple:
     """`(configs, failures)`: each job's validated `Config` (None where it failed) and
     `{index: its one line}`."""
-    from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
-
     configure_cpu()
     use_unrolled_threefry()
     configs, failures = [], {}
@@ -65,8 +68,6 @@ def _output_dir(config) -> Path:
 
 def _describe(configs: list, groups: list, alone: dict) -> None:
     """One line for the plan, and one naming the swept shaping keys that split the sweep."""
-    from jaxrl_dist.trainers.group import differing
-
     ok = [c for c in configs if c is not None]
     split = differing([c for c in ok if c.trainer.name == "fused"]) if len(ok) > 1 else []
     if split:
@@ -79,8 +80,6 @@ def _describe(configs: list, groups: list, alone: dict) -> None:
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
     """Hydra's `Launcher.launch` for `hydra/launcher=vmap`: one `JobReturn` per job, in order."""
-    from jaxrl_dist.trainers.group import plan
-
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
@@ -107,10 +106,6 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
 def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict, rows: dict) -> None:
     """Train one group and hand each of its jobs to Hydra with what it trained; a group
     that fails fails each of its jobs with the one line; Ctrl-C exits 130."""
-    from jaxrl_dist.backends import BackendError
-    from jaxrl_dist.trainers.group import train_group
-    from jaxrl_dist.trainers.interrupt import Interrupted
-
     dirs = [_output_dir(jobs[i][1]) for i in members]
     try:
         summaries, failure = train_group([configs[i] for i in members], dirs, label, _say), None
