@@ -115,3 +115,22 @@ def test_a_launcher_option_out_of_range_is_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == "error: hydra.launcher.max_members must be a positive integer, got 0"
 
+
+
+def test_a_checkpoint_without_coefficients_resumes_with_the_configs(tmp_path):
+    """A run dir saved before the train state carried its coefficients restores, and
+    its train state gets the values of the config it resumes with."""
+    from jaxrl_dist.envs import make_env
+    from jaxrl_dist.trainers import checkpoint, fused
+
+    cfg = job(tmp_path, algo={"lr": 2e-3})
+    env = make_env("CartPole-v1", 4, "gymnax", 0, 0, {})
+    fresh = fused.init_runner(fused.make_setup(cfg, env.spec), env, 0)
+    older = fresh._replace(train=fresh.train.replace(hyper=None), update=fresh.update + 3)
+    saver = checkpoint.Checkpointer(tmp_path / "run")
+    saver.save(older)
+    saver.close()
+    restored = checkpoint.Checkpointer(tmp_path / "run").restore_latest(fresh)
+    assert int(restored.update) == 3 and np.allclose(restored.train.hyper.lr, 2e-3)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored.train.params),
+                                                     jax.tree.leaves(older.train.params)))
