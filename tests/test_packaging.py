@@ -45,6 +45,13 @@ def test_the_wheel_ships_configs_and_type_marker(installed):
     assert "jaxrl_dist/configs/env/cartpole.yaml" in names
     assert "jaxrl_dist/configs/trainer/async.yaml" in names
     assert any(n.startswith("jaxrl_dist/presets/schedulers/") for n in names)
+    # Hydra's plugin scan: the launcher in the `hydra_plugins` namespace, which it must not own
+    assert "hydra_plugins/jaxrl_dist_vmap/vmap_launcher.py" in names and "hydra_plugins/__init__.py" not in names
+
+
+def test_hydra_finds_the_vmap_launcher_of_the_installed_wheel(installed, tmp_path):
+    out = run(installed[1], tmp_path, "train", "--info", "plugins")
+    assert out.returncode == 0 and "VmapLauncher" in out.stdout, out.stderr[-2000:]
 
 
 def test_train_from_an_empty_directory(installed, tmp_path):

@@ -134,3 +134,29 @@ def test_a_checkpoint_without_coefficients_resumes_with_the_configs(tmp_path):
     assert int(restored.update) == 3 and np.allclose(restored.train.hyper.lr, 2e-3)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(restored.train.params),
                                                      jax.tree.leaves(older.train.params)))
+
+
+def test_the_launcher_composes_each_job_as_hydra_does():
+    """Jobs of one kind are one compose and a copy with their own values: the same config
+    Hydra composes for each (its job numbers aside)."""
+    from types import SimpleNamespace
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+
+    from jaxrl_dist.cli.compose import CONFIG_DIR, store_schemas
+    from jaxrl_dist.cli.vmap import _jobs
+
+    store_schemas()
+    jobs = [["trainer=fused", f"algo.lr={lr}", f"seed={seed}", f"env={env}", "algo.hidden_sizes=[32,32]"]
+            for env in ("cartpole", "acrobot") for lr in (1e-3, 3e-4) for seed in (0, 1)]
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        master = compose("config", overrides=["hydra/launcher=vmap"], return_hydra_config=True)
+        loader = GlobalHydra.instance().config_loader()
+        launcher = SimpleNamespace(config=master, hydra_context=SimpleNamespace(config_loader=loader))
+        for i, (overrides, fast) in enumerate(_jobs(launcher, jobs, 5)):
+            full = loader.load_sweep_config(master, overrides)
+            with open_dict(full):
+                full.hydra.job.id = full.hydra.job.num = 5 + i
+            assert OmegaConf.to_container(fast) == OmegaConf.to_container(full), overrides

@@ -13,10 +13,12 @@ launched, so its JAX imports stay off Hydra's start-up scan.
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
 from omegaconf import OmegaConf, open_dict
 
@@ -34,14 +36,45 @@ def _say(text: str) -> None:
 
 
 def _jobs(launcher, job_overrides: Sequence[Sequence[str]], first: int) -> list:
-    """Each job's composed config (with its Hydra job number), as the basic launcher makes it."""
-    out = []
+    """Each job's composed config (with its Hydra job number), as the basic launcher makes
+    it, for a fraction of the time: Hydra composes one job of each kind (the same config
+    groups chosen, the same keys set) and the others are a copy with their own values,
+    set as Hydra sets a KEY=VALUE override (`OmegaConf.update(..., merge=True)`). A
+    compose costs ~0.2 s here: 13 s over a 64-job sweep."""
+    parser, composed, choices, out = OverridesParser.create(), {}, None, []
     for i, overrides in enumerate(job_overrides):
-        config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+        parsed = parser.parse_overrides(list(overrides))
+        plain = [] if choices is None else [j for j, o in enumerate(parsed) if _is_value(o, choices)]
+        kind = (tuple(o.input_line for j, o in enumerate(parsed) if j not in plain),
+                tuple(parsed[j].key_or_group for j in plain))
+        if kind not in composed:
+            config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+            composed[kind], choices = config, choices or set(config.hydra.runtime.choices)
+        else:
+            config = copy.deepcopy(composed[kind])
+            for j in plain:
+                OmegaConf.update(config, parsed[j].key_or_group, parsed[j].value(), merge=True)
+            task = [o for o in parsed if not o.is_hydra_override()]
+            with open_dict(config.hydra):
+                config.hydra.overrides.task = [o.input_line for o in task]
+                config.hydra.job.override_dirname = _dirname(config, task)
         with open_dict(config):
             config.hydra.job.id = config.hydra.job.num = first + i
         out.append((list(overrides), config))
     return out
+
+
+def _is_value(o, groups: set) -> bool:
+    """A plain KEY=VALUE override of a key the config has (no config group, no +, ~ or ++)."""
+    return not (o.is_add() or o.is_delete() or o.is_force_add() or o.is_hydra_override()
+                or o.package is not None or o.key_or_group in groups)
+
+
+def _dirname(config, overrides: list) -> str:
+    """`hydra.job.override_dirname`, as Hydra makes it."""
+    c = config.hydra.job.config.override_dirname
+    lines = sorted(o.input_line for o in overrides if o.key_or_group not in c.exclude_keys)
+    return c.item_sep.join(lines).replace("=", c.kv_sep)
 
 
 def _checked(jobs: list) -> tuple:
