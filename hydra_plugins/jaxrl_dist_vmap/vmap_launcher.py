@@ -33,9 +33,14 @@ class VmapLauncher(Launcher):
         self.config: Any = None
         self.hydra_context: Any = None
         self.task_function: Any = None
+        self.composer: Any = None
 
     def setup(self, *, hydra_context, task_function, config) -> None:
+        from jaxrl_dist.cli.vmap import Composer
+
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        # one compose per kind of job, for the sweeper's check and the launcher alike
+        self.composer = Composer.install(hydra_context.config_loader)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
         from jaxrl_dist.cli.vmap import launch

@@ -35,29 +35,61 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _jobs(launcher, job_overrides: Sequence[Sequence[str]], first: int) -> list:
-    """Each job's composed config (with its Hydra job number), as the basic launcher makes
-    it, for a fraction of the time: Hydra composes one job of each kind (the same config
-    groups chosen, the same keys set) and the others are a copy with their own values,
-    set as Hydra sets a KEY=VALUE override (`OmegaConf.update(..., merge=True)`). A
-    compose costs ~0.2 s here: 13 s over a 64-job sweep."""
-    parser, composed, choices, out = OverridesParser.create(), {}, None, []
-    for i, overrides in enumerate(job_overrides):
-        parsed = parser.parse_overrides(list(overrides))
-        plain = [] if choices is None else [j for j, o in enumerate(parsed) if _is_value(o, choices)]
+class Composer:
+    """Each job's composed config, as Hydra's `load_sweep_config` makes it, for a fraction
+    of the time: one Hydra compose per kind of job (the same config groups chosen, the
+    same keys set), the others a copy with their own values set as Hydra sets a
+    KEY=VALUE override (`OmegaConf.update(..., merge=True)`). A compose costs ~0.2 s
+    here, and a sweep pays two a job: the sweeper's check that each job composes
+    (`Sweeper.validate_batch_is_legal`), then the launcher's. `install` puts it in
+    place of the config loader's method for this sweep, so the sweeper's check composes
+    (and keeps) what the launcher then takes."""
+
+    def __init__(self, load):
+        self._load, self._kinds, self._groups, self._made = load, {}, None, {}
+
+    @classmethod
+    def install(cls, loader) -> "Composer":
+        composer = cls(loader.load_sweep_config)
+        loader.load_sweep_config = composer
+        return composer
+
+    def __call__(self, master_config, sweep_overrides):
+        key = tuple(sweep_overrides)
+        if key not in self._made:
+            self._made[key] = self._compose(master_config, list(sweep_overrides))
+        return self._made[key]
+
+    def take(self, master_config, overrides: list):
+        """The job's config, the caller's own (composed now if the sweeper did not ask)."""
+        return self._made.pop(tuple(overrides), None) or self._compose(master_config, overrides)
+
+    def _compose(self, master_config, overrides: list):
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        plain = [] if self._groups is None else [j for j, o in enumerate(parsed) if _is_value(o, self._groups)]
         kind = (tuple(o.input_line for j, o in enumerate(parsed) if j not in plain),
                 tuple(parsed[j].key_or_group for j in plain))
-        if kind not in composed:
-            config = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
-            composed[kind], choices = config, choices or set(config.hydra.runtime.choices)
-        else:
-            config = copy.deepcopy(composed[kind])
-            for j in plain:
-                OmegaConf.update(config, parsed[j].key_or_group, parsed[j].value(), merge=True)
-            task = [o for o in parsed if not o.is_hydra_override()]
-            with open_dict(config.hydra):
-                config.hydra.overrides.task = [o.input_line for o in task]
-                config.hydra.job.override_dirname = _dirname(config, task)
+        if kind not in self._kinds:
+            config = self._load(master_config=master_config, sweep_overrides=overrides)
+            self._kinds[kind] = copy.deepcopy(config)
+            self._groups = self._groups or set(config.hydra.runtime.choices)
+            return config
+        config = copy.deepcopy(self._kinds[kind])
+        for j in plain:
+            OmegaConf.update(config, parsed[j].key_or_group, parsed[j].value(), merge=True)
+        task = [o for o in parsed if not o.is_hydra_override()]
+        with open_dict(config.hydra):
+            config.hydra.overrides.task = [o.input_line for o in task]
+            config.hydra.job.override_dirname = _dirname(config, task)
+        return config
+
+
+def _jobs(launcher, job_overrides: Sequence[Sequence[str]], first: int) -> list:
+    """Each job's composed config, with its Hydra job number."""
+    composer = getattr(launcher, "composer", None) or Composer(launcher.hydra_context.config_loader.load_sweep_config)
+    out = []
+    for i, overrides in enumerate(job_overrides):
+        config = composer.take(launcher.config, list(overrides))
         with open_dict(config):
             config.hydra.job.id = config.hydra.job.num = first + i
         out.append((list(overrides), config))

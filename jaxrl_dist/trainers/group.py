@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from jaxrl_dist.config import Config, key_kind, to_dict
 from jaxrl_dist.core import ppo
@@ -105,8 +105,9 @@ def member_slice(runner, m: Member, envs_per_seed: int):
 
 
 def _join(parts: list):
-    """The members' runner states joined along the seed (and flat env) axis."""
-    return jax.tree.map(lambda *xs: jnp.concatenate(xs) if xs[0].ndim else xs[0], *parts)
+    """The members' runner states joined along the seed (and flat env) axis, on the host
+    (a device concatenate of 64 parts is a compile per leaf shape)."""
+    return jax.tree.map(lambda *xs: np.concatenate(xs) if xs[0].ndim else xs[0], *jax.device_get(parts))
 
 
 def _member_setup(setup: fused.Setup, cfg: Config) -> fused.Setup:
@@ -145,8 +146,9 @@ class _Checkpoints:
         return self._all[0].due(count)
 
     def save(self, runner) -> None:
+        host = jax.device_get(runner)  # one transfer; a slice of a device array is a dispatch per leaf
         for m, c in zip(self._members, self._all):
-            c.save(member_slice(runner, m, self._envs))
+            c.save(member_slice(host, m, self._envs))
 
     @property
     def seconds(self) -> float:
@@ -233,9 +235,9 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
     train_s = time.perf_counter() - t1 - ckpt.seconds
     times = {"compile": compile_s, "checkpoint": ckpt.seconds, "train": train_s,
              "wall": time.perf_counter() - t_start}
-    summaries = []
+    summaries, host = [], jax.device_get(runner)
     for m, records, (_, tracker) in zip(members, logs.records, logs.opened):
-        summary = summary_of(m.cfg, _member_setup(setup, m.cfg), member_slice(runner, m, base.env.num_envs),
+        summary = summary_of(m.cfg, _member_setup(setup, m.cfg), member_slice(host, m, base.env.num_envs),
                              records, times, 0)
         summary["group"] = {"jobs": len(members), "members": lo, "first_member": m.lo}
         finish_run(m.run_dir, summary, tracker, show=False)

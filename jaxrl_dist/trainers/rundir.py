@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import os
 import resource
@@ -85,6 +86,13 @@ def _commit() -> Optional[str]:
 def run_metadata() -> dict:
     """What produced a run: package version and commit, jax and jaxlib, the platform
     and its devices (every summary.json carries these)."""
+    return dict(_run_metadata())
+
+
+@functools.lru_cache(maxsize=1)
+def _run_metadata() -> dict:
+    """`run_metadata`, read once a process: it asks git and the installed metadata
+    (~40 ms), which a sweep's jobs in one process asked each."""
     import platform
     from importlib import metadata
 
