@@ -172,17 +172,20 @@ def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict
     """Train one group and hand each of its jobs to Hydra with what it trained; a group
     that fails fails each of its jobs with the one line; Ctrl-C exits 130."""
     dirs = [_output_dir(jobs[i][1]) for i in members]
+
+    def finish(summaries: list, failure=None) -> None:
+        for i, summary in zip(members, summaries):
+            returns[i] = _run_job(launcher, jobs[i][1], train_cli.trained(summary, failure))
+            rows[i] = _row(jobs[i], returns[i], label, summary)
+
     try:
-        summaries, failure = train_group([configs[i] for i in members], dirs, label, _say), None
+        train_group([configs[i] for i in members], dirs, label, _say, then=finish)
     except (ConfigError, BackendError) as err:
-        summaries, failure = [None] * len(members), f"error: {one_line(err)}"
+        finish([None] * len(members), f"error: {one_line(err)}")
     except Interrupted:
         _say(f"interrupted: each job of {label} saved a checkpoint in its run dir "
              f"({dirs[0].parent}/*); continue one with run.resume=RUN_DIR")
         raise SystemExit(train_cli.EXIT_INTERRUPTED) from None
-    for i, summary in zip(members, summaries):
-        returns[i] = _run_job(launcher, jobs[i][1], train_cli.trained(summary, failure))
-        rows[i] = _row(jobs[i], returns[i], label, summary)
 
 
 def _run_job(launcher, config, task) -> JobReturn:

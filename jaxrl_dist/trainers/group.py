@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, List, NamedTuple, Optional, Sequence
 
@@ -131,12 +132,16 @@ def _init_members(setup: fused.Setup, members: Sequence[Member]):
 
 class _Checkpoints:
     """Each member's checkpointer, saving its own slice (the `Checkpointer` interface
-    `run_chunks` uses)."""
+    `run_chunks` uses). The state is copied to the host at once (the next chunk reuses
+    its buffers); the members' writes (~0.1 s of orbax each) go on in a thread, beside
+    the next chunk or the jobs' finishing, and `close` waits for them."""
 
     def __init__(self, members: Sequence[Member], envs_per_seed: int):
         self._members, self._envs = members, envs_per_seed
         c = members[0].cfg.run
         self._all = [checkpoint.Checkpointer(m.run_dir, c.checkpoint_every, c.checkpoint_every_s) for m in members]
+        self._writer, self._pending = ThreadPoolExecutor(max_workers=1), []
+        self.seconds = 0.0  # what the training waited for: the copies to the host
 
     def restart_clock(self) -> None:
         for c in self._all:
@@ -146,17 +151,27 @@ class _Checkpoints:
         return self._all[0].due(count)
 
     def save(self, runner) -> None:
+        t0 = time.perf_counter()
         host = jax.device_get(runner)  # one transfer; a slice of a device array is a dispatch per leaf
+        self._pending.append(self._writer.submit(self._write, host))
+        self.seconds += time.perf_counter() - t0
+
+    def _write(self, host) -> None:
         for m, c in zip(self._members, self._all):
             c.save(member_slice(host, m, self._envs))
 
     @property
-    def seconds(self) -> float:
+    def write_seconds(self) -> float:
         return sum(c.seconds for c in self._all)
 
     def close(self) -> None:
-        for c in self._all:
-            c.close()
+        try:
+            for done in self._pending:
+                done.result()
+        finally:
+            self._writer.shutdown()
+            for c in self._all:
+                c.close()
 
 
 class _Logs:
@@ -199,10 +214,11 @@ class _Logs:
 
 
 def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group",
-                say: Callable[[str], None] = print) -> List[dict]:
+                say: Callable[[str], None] = print, then: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
     """Train the jobs `cfgs` (equal shaping keys; fused) as one program, each writing its
-    own `run_dirs[i]`; their summaries, in order. Ctrl-C checkpoints every member and
-    raises `interrupt.Interrupted` naming the first run dir."""
+    own `run_dirs[i]`; their summaries, in order (`then(summaries)` runs first, while the
+    last checkpoints are written). Ctrl-C checkpoints every member and raises
+    `interrupt.Interrupted` naming the first run dir."""
     t_start = time.perf_counter()
     members, lo = [], 0
     for cfg, run_dir in zip(cfgs, run_dirs):
@@ -227,19 +243,28 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
         ckpt = _Checkpoints(members, base.env.num_envs)
         t1 = time.perf_counter()
         try:
-            runner, _ = run_chunks(compiled, runner, ckpt, logs, setup, K, 0)
-            logs.finish()
+            try:
+                runner, _ = run_chunks(compiled, runner, ckpt, logs, setup, K, 0)
+                logs.finish()
+            finally:
+                logs.close()
+            times = {"compile": compile_s, "checkpoint": ckpt.seconds, "train": time.perf_counter() - t1 - ckpt.seconds,
+                     "wall": time.perf_counter() - t_start}
+            summaries = _summaries(members, logs, setup, jax.device_get(runner), times)
+            if then is not None:
+                then(summaries)  # the caller's work for each job, while the last checkpoints are written
         finally:
-            logs.close()
             ckpt.close()
-    train_s = time.perf_counter() - t1 - ckpt.seconds
-    times = {"compile": compile_s, "checkpoint": ckpt.seconds, "train": train_s,
-             "wall": time.perf_counter() - t_start}
-    summaries, host = [], jax.device_get(runner)
-    for m, records, (_, tracker) in zip(members, logs.records, logs.opened):
-        summary = summary_of(m.cfg, _member_setup(setup, m.cfg), member_slice(host, m, base.env.num_envs),
-                             records, times, 0)
-        summary["group"] = {"jobs": len(members), "members": lo, "first_member": m.lo}
-        finish_run(m.run_dir, summary, tracker, show=False)
-        summaries.append(summary)
     return summaries
+
+
+def _summaries(members: Sequence[Member], logs: _Logs, setup: fused.Setup, host, times: dict) -> List[dict]:
+    """Each member's `summary.json` (written) and summary; `host` is the group's final state."""
+    out = []
+    for m, records, (_, tracker) in zip(members, logs.records, logs.opened):
+        summary = summary_of(m.cfg, _member_setup(setup, m.cfg), member_slice(host, m, m.cfg.env.num_envs),
+                             records, times, 0)
+        summary["group"] = {"jobs": len(members), "members": members[-1].hi, "first_member": m.lo}
+        finish_run(m.run_dir, summary, tracker, show=False)
+        out.append(summary)
+    return out
