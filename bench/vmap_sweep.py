@@ -109,13 +109,21 @@ def _job_starts(sweep: Path) -> list:
     return starts
 
 
+def _times(run: Path) -> dict:
+    """The summary's clock: compile, training, checkpoint waits, the trainer's wall."""
+    s = json.loads((run / "summary.json").read_text())
+    return {k: s[k] for k in ("compile_seconds", "train_seconds", "checkpoint_seconds", "wall_seconds", "sps")}
+
+
 def speed(work: Path) -> dict:
     out = {}
     t, _ = cli(["-m", *SPEED, "hydra/launcher=vmap", f"algo.lr={LRS}", "seed=0,1,2,3",
                 f"run.dir={work / 'speed_vmap'}"], work)
     out["vmap_64_jobs_s"] = t
+    out["vmap_group"] = _times(work / "speed_vmap" / "0")
     t, _ = cli([*SPEED, "num_seeds=64", f"run.dir={work / 'speed_fused'}"], work)
     out["fused_64_seeds_s"] = t
+    out["fused"] = _times(work / "speed_fused")
     eight = ",".join(LRS.split(",")[:2])
     t0 = time.time()
     t, _ = cli(["-m", *SPEED, "hydra/launcher=basic", f"algo.lr={eight}", "seed=0,1,2,3",
