@@ -14,6 +14,7 @@ launched, so its JAX imports stay off Hydra's start-up scan.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf, open_dict
 
 from jaxrl_dist.backends import BackendError
 from jaxrl_dist.cli import train as train_cli
-from jaxrl_dist.cli.compose import one_line
+from jaxrl_dist.cli.compose import one_line, override_keys
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 from jaxrl_dist.trainers.group import differing, plan, train_group
@@ -112,13 +113,11 @@ def _dirname(config, overrides: list) -> str:
 def _checked(jobs: list) -> tuple:
     """`(configs, failures)`: each job's validated `Config` (None where it failed) and
     `{index: its one line}`."""
-    configure_cpu()
-    use_unrolled_threefry()
     configs, failures = [], {}
     for i, (overrides, config) in enumerate(jobs):
         try:
             cfg = train_cli._checked(config, overrides)
-            if "run.progress" not in [o.split("=", 1)[0] for o in overrides]:
+            if "run.progress" not in override_keys(overrides):
                 cfg.run.progress = True  # the group's bar (no member draws its own)
             configs.append(cfg)
         except ConfigError as err:
@@ -145,6 +144,8 @@ def _describe(configs: list, groups: list, alone: dict) -> None:
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
     """Hydra's `Launcher.launch` for `hydra/launcher=vmap`: one `JobReturn` per job, in order."""
+    configure_cpu()  # as the job does, before the checks import the env suites (JAX)
+    use_unrolled_threefry()
     setup_globals()
     configure_log(launcher.config.hydra.hydra_logging, launcher.config.hydra.verbose)
     Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
@@ -202,8 +203,6 @@ def _row(job, ret: JobReturn, how: str, summary=None) -> tuple:
     if summary is None:  # a job run on its own wrote its summary
         path = _output_dir(config) / "summary.json"
         if path.is_file():
-            import json
-
             summary = json.loads(path.read_text())
     if summary:
         digest = str(summary.get("params_sha256", ""))[:12]

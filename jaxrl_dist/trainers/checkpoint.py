@@ -194,15 +194,14 @@ class Checkpointer:
 
         try:
             return read(template)
-        except Exception:
+        except Exception as err:
             older = _without_hyper(template)
             if older is None:
                 raise
             try:  # a checkpoint written before the train state carried its coefficients
                 return _with_hyper(read(older), template)
             except Exception:
-                pass
-            raise
+                raise err from None
 
     def restore_latest(self, template, say: Callable[[str], None] = _say):
         """The newest intact checkpoint restored into `template`'s structure (`template`

@@ -160,10 +160,6 @@ class _Checkpoints:
         for m, c in zip(self._members, self._all):
             c.save(member_slice(host, m, self._envs))
 
-    @property
-    def write_seconds(self) -> float:
-        return sum(c.seconds for c in self._all)
-
     def close(self) -> None:
         try:
             for done in self._pending:
@@ -196,7 +192,7 @@ class _Logs:
             self.records[i].extend(chunk)
             self._recent[i].add(chunk)
         if self._display is not None:
-            returns = [r.mean() for r in self._recent if r.mean() is not None]
+            returns = [x for x in (r.mean() for r in self._recent) if x is not None]
             best = f"(median of {len(returns)} jobs), best {max(returns):.1f}" if returns else ""
             self._display.show(self.records[0][-1].env_steps, self._total,
                                statistics.median(returns) if returns else None, sps, best)

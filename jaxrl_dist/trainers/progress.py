@@ -137,8 +137,9 @@ class Lines:
         self._pending = None
         elapsed = int(time.monotonic() - self._t0)
         rate = "-" if sps is None else si(sps)
-        self._stream.write(f"{self._label}steps {steps}/{total} ({steps / max(total, 1):.0%})  return {_return(ret)}{' ' if note else '  '}"
-                           f"{note + '  ' if note else ''}{rate} steps/s  elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}\n")
+        shown = f"return {_return(ret)}" + (f" {note}" if note else "")
+        self._stream.write(f"{self._label}steps {steps}/{total} ({steps / max(total, 1):.0%})  {shown}  "
+                           f"{rate} steps/s  elapsed {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}\n")
         self._stream.flush()
 
     def close(self) -> None:
