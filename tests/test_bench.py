@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jaxrl_dist import benchmark
+from jaxrl_dist.tools import benchmark
 from test_cli import run_cli
 
 MACHINE_KEYS = {"platform", "device_kind", "device_count", "devices", "cpu_model", "cpu_count", "jax_version",

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from jaxrl_dist import calibrate, cli
+from jaxrl_dist import cli
+from jaxrl_dist.tools import calibrate
 from jaxrl_dist.scheduling import learned
 from jaxrl_dist import scheduler_training
 from jaxrl_dist.scheduling import profile as prof

@@ -19,7 +19,8 @@ LAYERS = [
     ("backends",),
     ("scheduling",),
     ("trainers",),
-    ("serve_protocol", "serve", "serve_worker", "calibrate", "scheduler_training", "report", "sweep_report", "evaluation", "api", "benchmark"),
+    ("serve_protocol", "serve", "serve_worker", "scheduler_training", "evaluation"),
+    ("tools",),
     ("cli", "__main__"),
 ]
 # where a function-local import of the package's own modules is deliberate

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_dist import report
+from jaxrl_dist.tools import report
 from jaxrl_dist.config import from_dict
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -204,7 +204,7 @@ def fused_records(updates: int, sps: float, start: float = 20.0) -> list:
 def test_job_curves_start_at_each_jobs_own_training_clock():
     """A job that compiled (6 s) and one that loaded from the compile cache (0.5 s) both
     start at 0 on the wall-time axis, so their curves overlap instead of meeting at a point."""
-    from jaxrl_dist.sweep_report import job_curve, mean_band, training_clock
+    from jaxrl_dist.tools.sweep_report import job_curve, mean_band, training_clock
 
     def fused(compile_s):
         records = fused_records(8, sps=1280.0)
@@ -249,7 +249,7 @@ def write_sweep(root: Path, sizes: dict) -> Path:
 @pytest.fixture
 def few_reps(monkeypatch):
     """rliable's bootstraps with fewer resamples: the figures and notes, not the intervals."""
-    from jaxrl_dist import sweep_report
+    from jaxrl_dist.tools import sweep_report
 
     monkeypatch.setattr(sweep_report, "BOOTSTRAP_REPS", 100)
     return sweep_report.sweep_report

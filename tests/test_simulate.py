@@ -1,4 +1,4 @@
-"""The discrete-event model of sync and async training (`scheduling.simulate`):
+"""The discrete-event model of sync and async training (`tools.simulate`):
 its invariants, figures worked out by hand, and a calibration that finds the
 parameters simulated data was made with."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxrl_dist.scheduling.simulate import (Machine, Measured, Point, SharedCores, Workload, calibrate,
-                                            simulate, update_seconds)
+from jaxrl_dist.tools.simulate import (Machine, Measured, Point, SharedCores, Workload, calibrate,
+                                       simulate, update_seconds)
 
 EXACT = Machine(compute_s=0.004, update_s_per_chunk=0.0025, update_s_fixed=3e-4, compute_cv=0.0, update_cv=0.0)
 FEW = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

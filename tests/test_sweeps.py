@@ -180,7 +180,7 @@ def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(lr_sweep):
 
 
 def test_a_fused_run_has_a_wall_clock_for_the_report(lr_sweep):
-    from jaxrl_dist.report import load_run, wall_clock
+    from jaxrl_dist.tools.report import load_run, wall_clock
 
     run = lr_sweep / "0"
     clock = wall_clock(load_run(run))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from jaxrl_dist import benchmark
+from jaxrl_dist.tools import benchmark
 from jaxrl_dist.cli.compose import presets
 from jaxrl_dist.config import ConfigError
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from jaxrl_dist import calibrate
+from jaxrl_dist.tools import calibrate
 from jaxrl_dist.backends import BackendError
 from jaxrl_dist.cli.compose import compose, load_config
 from jaxrl_dist.platform import use_unrolled_threefry

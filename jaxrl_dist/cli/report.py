@@ -5,8 +5,8 @@ import argparse
 from typing import Sequence
 
 from jaxrl_dist.config import ConfigError
-from jaxrl_dist.report import ReportError, report
-from jaxrl_dist.sweep_report import is_sweep, sweep_report
+from jaxrl_dist.tools.report import ReportError, report
+from jaxrl_dist.tools.sweep_report import is_sweep, sweep_report
 
 
 def main(argv: Sequence[str]) -> int:

@@ -1,5 +1,5 @@
 """The async trainer's staleness and balance rules, shared by the trainer and the
-simulator (`scheduling.simulate`): which chunk tickets may start under the
+simulator (`tools.simulate`): which chunk tickets may start under the
 staleness bound, and how many actors run next (`balance`, and `Balancer`, its
 bookkeeping of production, consumption and the rate measured at each count)."""
 from __future__ import annotations

@@ -11,7 +11,7 @@ run episode after episode (`lax.map`), on the *modeled* clock: a shard's seconds
 come from a latency profile (`Profile`), a round's seconds and dollars from
 the cost model (`cost.round_cost`). The scheduler itself then trains with
 `fused.make_train_chunk`, the same PPO as every task. Profiles come from
-`jaxrl-dist calibrate` (`jaxrl_dist.calibrate`); one ships per calibrated env
+`jaxrl-dist calibrate` (`jaxrl_dist.tools.calibrate`); one ships per calibrated env
 under `presets/profiles/`, and `Profile()`'s defaults stand in elsewhere.
 
 Reward per round: `-(w * modeled_s / ref_s + (1 - w) * usd / ref_usd)`, where

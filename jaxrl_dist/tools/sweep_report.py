@@ -33,7 +33,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jaxrl_dist.report import ReportError, Run, _color, _column, _figure, _save, load_run, wall_clock
+from jaxrl_dist.tools.report import ReportError, Run, _color, _column, _figure, _save, load_run, wall_clock
 
 BOOTSTRAP_REPS = 2000
 GRID_POINTS = 100
