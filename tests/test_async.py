@@ -199,8 +199,10 @@ def test_a_dropped_chunk_is_billed_but_does_not_hold_the_update_up():
         info = ShardInfo(slot, Timings(0.0, 0.0, seconds, seconds), False, 0, "local")
         return asynchronous.Chunk(slot, 0, 0, out, info, stats, 1.0, seconds)
 
-    me = SimpleNamespace(account=cost.AsyncAccount(cfg, 4, version=0), _param_bytes=0,
-                         _wall0=time.perf_counter())
+    from jaxrl_dist.trainers.accounting import Clocks
+
+    account = cost.AsyncAccount(cfg, 4, version=0)
+    me = SimpleNamespace(account=account, _param_bytes=0, clocks=Clocks(account, 0.0, time.perf_counter()))
     me._bill = lambda c: asynchronous.AsyncTrainer._bill(me, c)
     rec = asynchronous.AsyncTrainer._charge(me, 1, [chunk(0, 1.0)], [chunk(1, 30.0)], 0.5)
     assert rec.cum_modeled_s == pytest.approx(1.5)  # the 1 s chunk, then the update
@@ -213,7 +215,7 @@ def test_stragglers_are_one_shard_in_k_whatever_the_slots():
     at the same rate; a slot's first shard in the process is not slowed."""
     import time
 
-    from jaxrl_dist.trainers import sync
+    from jaxrl_dist.trainers import accounting
     from jaxrl_dist.backends import ShardInfo
     from jaxrl_dist.config import BackendConfig
     from jaxrl_dist.backends.shard import Timings
@@ -222,11 +224,11 @@ def test_stragglers_are_one_shard_in_k_whatever_the_slots():
     shards = [ShardInfo(s, Timings(now, now, now, 0.0), False, 0, "local") for s in range(4)]
     seen = {0, 1, 2, 3}
     for r in range(8):  # a round of 4: one slowed, slot 3, then 2, 1, 0, 3, ...
-        f = sync.straggle(shards, b, seen, r)
+        f = accounting.straggle(shards, b, seen, r)
         assert list(f).count(3.0) == 1 and f[(3 - r) % 4] == 3.0
-    assert (sync.straggle(shards, b, set(), 1) == 1.0).all()  # first shards: compile, not slowed
+    assert (accounting.straggle(shards, b, set(), 1) == 1.0).all()  # first shards: compile, not slowed
     for slots in ([0], [0, 1], [2, 3, 5]):  # async: chunks 0..7 of each slot
-        f = [sync.straggle([shards[0]._replace(slot=s)], b, {s}, c)[0] for s in slots for c in range(8)]
+        f = [accounting.straggle([shards[0]._replace(slot=s)], b, {s}, c)[0] for s in slots for c in range(8)]
         assert f.count(3.0) == 2 * len(slots)
 
 

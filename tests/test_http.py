@@ -321,7 +321,7 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
     from jaxrl_dist.cli.compose import load_config
-    from jaxrl_dist.trainers.sync import init_train, make_learner
+    from jaxrl_dist.core.learner import init_train, make_learner
     from jaxrl_dist.trainers.runner import train
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
@@ -366,7 +366,7 @@ def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
     to report its own error after the run has stopped."""
     from jaxrl_dist.backends import BackendError, Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
-    from jaxrl_dist.trainers.sync import init_train, make_learner
+    from jaxrl_dist.core.learner import init_train, make_learner
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     hung = SilentServer()

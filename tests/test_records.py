@@ -10,7 +10,8 @@ import pytest
 from jaxrl_dist.config import from_dict
 from jaxrl_dist.scheduling.records import Record
 from jaxrl_dist.trainers.runner import train
-from jaxrl_dist.trainers.sync import CLOCK_FIELDS, RoundTrainer
+from jaxrl_dist.trainers.accounting import CLOCK_FIELDS
+from jaxrl_dist.trainers.sync import RoundTrainer
 
 
 def config(run_dir, trainer="sync"):

@@ -206,6 +206,9 @@ class CostAccount:
         parts = {k: float(v) for k, v in rc.components.items()}
         return RoundCost(float(rc.modeled_s), float(rc.usd), parts), cold
 
+    def modeled_now(self) -> float:
+        return float(self.clock.now)
+
     def estimate(self, n: int) -> tuple:
         """`(modeled seconds, dollars)` a round of `n` shards starting now should take:
         every shard as slow as the slowest of the last few rounds, their largest learner
@@ -251,6 +254,9 @@ class AsyncAccount:
         self.chunk_usd = 0.0  # chunks billed since the last update
         for slot in prewarm if cfg.kind == "serverless" else ():
             self.chunk(slot, version, 0.0, 0.0)
+
+    def modeled_now(self) -> float:
+        return self.now
 
     def chunk(self, slot: int, version: int, shard_s: float, bytes_moved: float) -> float:
         """Bill one chunk of `slot` made with params `version`; returns its modeled arrival."""

@@ -63,27 +63,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, capabilities, run_shard
+from jaxrl_dist.backends.shard import learn_key, round_keys
 from jaxrl_dist.config import Config
-from jaxrl_dist.backends.shard import learn_key
 from jaxrl_dist.scheduling.balance import Balancer, ticket_allowed
 from jaxrl_dist.scheduling.cost import AsyncAccount
-from jaxrl_dist.trainers import interrupt
-from jaxrl_dist.trainers.logger import loss_keys, nan_to_none
 from jaxrl_dist.scheduling.records import Cost, Record, steps_done
-from jaxrl_dist.trainers.sync import (TrainState, charged_bytes, cost_fields, fresh_clock, init_table, init_train,
-                                      limit_reason, param_bytes, recent_return_of, round_keys, shard_parts,
-                                      shard_seconds, straggle, target_reason, train_rounds, clock_now, clock_start)
-from jaxrl_dist.backends import wire
-
-
-class AsyncState(NamedTuple):
-    """What an async checkpoint holds."""
-
-    train: TrainState
-    table: Any  # `[M, ...]` slot states after each slot's last taken chunk (None: sticky)
-    round: Any  # the params version (updates done)
-    counts: Any  # `[M]` chunks taken per slot
-    clock: Any = None  # the clocks and dollars at the checkpoint (`sync.CLOCK_FIELDS`)
+from jaxrl_dist.trainers import interrupt
+from jaxrl_dist.trainers.accounting import Clocks, charged_bytes, param_bytes, shard_seconds, straggle
+from jaxrl_dist.trainers.rounds import (ShardState, ShardTrainer, limit_reason, recent_return_of, target_reason,
+                                        update_record, zero_outputs)
+from jaxrl_dist.trainers.summary import AsyncFigures
 
 
 class Chunk(NamedTuple):
@@ -95,6 +84,18 @@ class Chunk(NamedTuple):
     stats: dict  # the backend's dispatch/wait/transfer seconds and bytes
     factor: float  # injected slowdown
     busy_s: float  # the actor's seconds on it (dispatch to delivery)
+
+
+class Dispatched(NamedTuple):
+    """An update handed to the bookkeeping thread: dispatched, its metrics still computing."""
+
+    train: Any  # the state after it (its params are published once computed)
+    version: int  # the params version it makes
+    chunks: list  # the chunks it learns from
+    dropped: list  # chunks dropped as too stale while collecting
+    metrics: Any
+    lag: Any  # `[K]` versions each learned chunk is behind
+    dispatched: float  # `time.perf_counter()` when it was dispatched
 
 
 class Gate:
@@ -276,31 +277,25 @@ def advance_ledger(states: dict, counts: list, chunks: list) -> None:
             counts[c.slot] = c.index + 1
 
 
-class AsyncTrainer:
+class AsyncTrainer(ShardTrainer):
     """The async run: the shared parts (learner, backend, checkpointer), an actor pool
     with its staleness gate, and a balancer; `run()` trains to the end."""
 
+    keeps_counts = True
+
     def __init__(self, cfg: Config, run_dir: Path, resuming: bool):
-        self.cfg, self.run_dir = cfg, run_dir
-        self.expected = float(cfg.asynchronous.batch_chunks)  # the learner takes K chunks an update
-        self.spec, self.program, self.learner, self.backend, self.ckpt = shard_parts(cfg, run_dir, self.expected)
-        self.state = self._start(resuming)
+        super().__init__(cfg, run_dir, resuming)
         self.pool, self.balancer, self.account = None, None, None
-        self.staleness, self.dropped_total, self.stop_reason = Counter(), 0, None
+        self.staleness, self.dropped_total = Counter(), 0
         self._ledger = {}  # slot -> state after its last taken chunk (what a checkpoint holds)
         self._ledger_counts = [int(c) for c in np.asarray(self.state.counts)]
         self._done = queue.Queue()  # updates for the bookkeeping thread
         self._late_stop, self._books_error = None, None
-        self._wall0, self._param_bytes, self._last_update_t = 0.0, 0, time.perf_counter()
+        self._param_bytes, self._last_update_t = 0, time.perf_counter()
         self._learn_chunks, self._warm = self._learn_fn(), None
 
-    def _start(self, resuming: bool) -> AsyncState:
-        M = self.cfg.backend.max_shards
-        table = init_table(self.program, self.cfg.seed, M)
-        data = None if table is None else jax.tree.map(np.asarray, table.data)
-        state = AsyncState(init_train(self.learner, self.cfg.seed), data, np.zeros((), np.int32),
-                           np.zeros((M,), np.int32), fresh_clock())
-        return self.ckpt.restore_latest(state) if resuming else state
+    def expected_shards(self) -> float:
+        return float(self.cfg.asynchronous.batch_chunks)  # the learner takes K chunks an update
 
     # -- learner -----------------------------------------------------------
 
@@ -335,16 +330,11 @@ class AsyncTrainer:
         every update takes the corrected variant: a chunk with lag 0 gets weights of
         exactly 1 and its own values there, so it is GAE, and one program compiles
         at start-up instead of two."""
-        out = wire.output_templates(self.program)
-        zeros = lambda s: np.zeros(s.shape, s.dtype)  # noqa: E731
         K = self.cfg.asynchronous.batch_chunks
-        args = (train, [(jax.tree.map(zeros, out.traj), zeros(out.bootstrap))] * K,
-                np.int32(0), np.int32(0))
+        args = (train, [zero_outputs(self.program)] * K, np.int32(0), np.int32(0))
         if self.cfg.asynchronous.max_staleness:
             args += (np.zeros((K,), np.int32),)
-        thread = threading.Thread(target=self._learn_chunks, args=args, daemon=True)
-        thread.start()
-        return thread
+        return self.warm(self._learn_chunks, *args)
 
     # -- the run -----------------------------------------------------------
 
@@ -389,10 +379,11 @@ class AsyncTrainer:
     def _setup_run(self, t_start: Optional[float]) -> None:
         """The cost account and both clocks, continuing a resumed run's."""
         first, top = actor_range(self.cfg, self.backend)
-        modeled, usd, self._wall0 = clock_start(self.state.clock, t_start)
+        modeled, usd, wall = (float(x) for x in self.state.clock)
         self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
                                     modeled, usd,
                                     prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
+        self.clocks = Clocks(self.account, wall, t_start)
         self._param_bytes = param_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
 
@@ -413,20 +404,19 @@ class AsyncTrainer:
                 env_steps = rec.env_steps
                 logger.log([rec])
                 records.append(rec)
-                self._after(item[0], item[1], so_far)
+                self._after(item.train, item.version, so_far)
         except Exception as err:  # the learner stops at its next check and re-raises it
             self._books_error, self._late_stop = err, "error"
 
-    def _book(self, item: tuple, env_steps: int, so_far: list) -> dict:
+    def _book(self, item: Dispatched, env_steps: int, so_far: list) -> Record:
         """Wait for one update, publish its params and make its record."""
-        train, version, chunks, dropped, metrics, lag, t1 = item
-        metrics, times = self._finished(metrics, t1)
+        metrics, times = self._finished(item.metrics, item.dispatched)
         # published once computed: an actor given params still in flight would
         # wait for the update instead of working beside it
-        self.pool.gate.publish(train.params, version)
-        self._take(chunks + dropped)
-        self.balancer.observe(chunks + dropped, len(chunks))
-        rec = self._record(version, env_steps, chunks, dropped, metrics, lag, times)
+        self.pool.gate.publish(item.train.params, item.version)
+        self._take(item.chunks + item.dropped)
+        self.balancer.observe(item.chunks + item.dropped, len(item.chunks))
+        rec = self._record(item, env_steps, metrics, times)
         so_far.append(rec)
         rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, self.cfg.run.target_episodes))
         return rec
@@ -482,16 +472,17 @@ class AsyncTrainer:
         train, metrics, lag = self._learn(train, chunks, version)
         self.staleness.update(int(x) for x in lag)
         self.dropped_total += len(dropped)
-        self._done.put((train, version + 1, chunks, dropped, metrics, lag, t1))
+        self._done.put(Dispatched(train=train, version=version + 1, chunks=chunks, dropped=dropped,
+                                  metrics=metrics, lag=lag, dispatched=t1))
         return train, len(chunks) + len(dropped)
 
-    def _record(self, u: int, env_steps: int, chunks: list, dropped: list, metrics, lag, times) -> Record:
+    def _record(self, item: Dispatched, env_steps: int, metrics, times: dict) -> Record:
         """One update's record, cost included."""
-        steps = self.learner.steps_per_shard
-        taken = chunks + dropped
+        steps, chunks, lag = self.learner.steps_per_shard, item.chunks, item.lag
+        taken = chunks + item.dropped
         dt = max(times["update"], 1e-9)
         detail = {"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
-                  "dropped": len(dropped), "actors_active": self.balancer.active,
+                  "dropped": len(item.dropped), "actors_active": self.balancer.active,
                   "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
                   "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
                   "chunks": [[c.slot, c.index, c.version] for c in taken],
@@ -499,13 +490,11 @@ class AsyncTrainer:
                   "shard_compute_s": [c.info.timings.finished - c.info.timings.started for c in taken],
                   "shard_roundtrip_s": [c.busy_s if c.info.roundtrip_s is None else c.info.roundtrip_s
                                         for c in taken]}
-        return Record(u, env_steps + len(taken) * steps, nan_to_none(metrics["return_mean"]),
-                      {k: nan_to_none(metrics[k]) for k in loss_keys(metrics)}, len(chunks) * steps / dt,
-                      (float(metrics["episode_return_sum"]),), (float(metrics["episodes"]),), len(taken),
-                      time.time(), times["learn"], times["update"], None,
-                      sum(c.info.retries for c in taken),
-                      sum(bool(c.info.reset) and c.index > 0 for c in taken),
-                      self._charge(u, chunks, dropped, times["learn"]), detail=detail)
+        return update_record(metrics, update=item.version, env_steps=env_steps + len(taken) * steps,
+                             sps=len(chunks) * steps / dt, num_shards=len(taken), learn_s=times["learn"],
+                             round_s=times["update"], retries=sum(c.info.retries for c in taken),
+                             slot_resets=sum(bool(c.info.reset) and c.index > 0 for c in taken),
+                             cost=self._charge(item.version, chunks, item.dropped, times["learn"]), detail=detail)
 
     def _charge(self, u: int, chunks: list, dropped: list, learn_s: float) -> Cost:
         """Bill the chunks taken and the update on the async modeled clock. Dropped
@@ -515,8 +504,7 @@ class AsyncTrainer:
         for c in dropped:
             self._bill(c)
         rc = self.account.update(arrivals, learn_s, u)
-        return cost_fields(rc, 0, self.account.now, self.account.usd, time.perf_counter() - self._wall0,
-                           modeled_wait_s=rc.components["wait_s"])
+        return self.clocks.cost(rc, modeled_wait_s=rc.components["wait_s"])
 
     def _bill(self, c: Chunk) -> float:
         """Bill one chunk on the modeled clock; returns its modeled arrival."""
@@ -526,31 +514,24 @@ class AsyncTrainer:
         return self.account.chunk(c.slot, c.version, seconds, moved)
 
     def _save_async(self, train, version: int) -> None:
-        table = None
-        if self.state.table is not None:
-            table = SlotTable(self.state.table)
-            if self._ledger:
-                table.put(list(self._ledger), list(self._ledger.values()))
-            table = jax.tree.map(np.asarray, table.data)
-        clock = clock_now(self.account.now, self.account.usd, self._wall0)
-        state = AsyncState(train, table, np.int32(version), np.array(self._ledger_counts, np.int32), clock)
-        self.ckpt.save(state, step=version)
-        self.state = state
+        table = self.state.table
+        if table is not None and self._ledger:
+            slots = SlotTable(table)
+            slots.put(list(self._ledger), list(self._ledger.values()))
+            table = slots.data
+        self.save(ShardState(train=train, table=table, round=np.int32(version),
+                             counts=np.array(self._ledger_counts, np.int32)))
 
-    def summary(self) -> dict:
-        """Async figures for summary.json."""
+    def figures(self) -> dict:
         total = sum(self.staleness.values())
-        return {"trainer": "async", "scheduler": "balance" if self.cfg.asynchronous.balance else "none",
-                "max_staleness": self.cfg.asynchronous.max_staleness,
-                "staleness_histogram": {str(k): v for k, v in sorted(self.staleness.items())},
-                "staleness_mean": (sum(k * v for k, v in self.staleness.items()) / total) if total else None,
-                "dropped_chunks": self.dropped_total,
-                "actors_active_final": self.balancer.active if self.balancer else None,
-                # env steps/s learned while n actors ran (the balancer's measurements)
-                "learned_rate_by_actors": {str(n): r * self.learner.steps_per_shard for n, r in
-                                           sorted((self.balancer.rates if self.balancer else {}).items())}}
-
-
-def train_async(cfg: Config, run_dir: Path, resuming: bool, t_start: float) -> dict:
-    """Train with the async trainer; called by `runner.train` for `trainer=async`."""
-    return train_rounds(cfg, run_dir, resuming, t_start, AsyncTrainer)
+        rates = self.balancer.rates if self.balancer else {}
+        return {"scheduler": "balance" if self.cfg.asynchronous.balance else "none",
+                "staleness": AsyncFigures(
+                    max_staleness=self.cfg.asynchronous.max_staleness,
+                    staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())},
+                    staleness_mean=(sum(k * v for k, v in self.staleness.items()) / total) if total else None,
+                    dropped_chunks=self.dropped_total,
+                    actors_active_final=self.balancer.active if self.balancer else None,
+                    # env steps/s learned while n actors ran (the balancer's measurements)
+                    learned_rate_by_actors={str(n): r * self.learner.steps_per_shard
+                                            for n, r in sorted(rates.items())})}

@@ -29,6 +29,7 @@ from jaxrl_dist.trainers.logger import chunk_records
 from jaxrl_dist.trainers.progress import RecentReturn, make_display
 from jaxrl_dist.trainers.rundir import finish_run, open_logs, prepare_run
 from jaxrl_dist.trainers.runner import compile_chunk, placed, run_chunks, summary_of
+from jaxrl_dist.trainers.summary import Group, RunSummary
 from jaxrl_dist.trainers.tracking import flat
 
 
@@ -254,13 +255,13 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
     return summaries
 
 
-def _summaries(members: Sequence[Member], logs: _Logs, setup: fused.Setup, host, times: dict) -> List[dict]:
+def _summaries(members: Sequence[Member], logs: _Logs, setup: fused.Setup, host, times: dict) -> List[RunSummary]:
     """Each member's `summary.json` (written) and summary; `host` is the group's final state."""
     out = []
     for m, records, (_, tracker) in zip(members, logs.records, logs.opened):
         summary = summary_of(m.cfg, _member_setup(setup, m.cfg), member_slice(host, m, m.cfg.env.num_envs),
                              records, times, 0)
-        summary["group"] = {"jobs": len(members), "members": members[-1].hi, "first_member": m.lo}
+        summary = summary.replace(group=Group(jobs=len(members), members=members[-1].hi, first_member=m.lo))
         finish_run(m.run_dir, summary, tracker, show=False)
         out.append(summary)
     return out

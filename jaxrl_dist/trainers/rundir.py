@@ -213,15 +213,17 @@ def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int, his
     return logger, tracker
 
 
-def finish_run(run_dir: Path, summary: dict, tracker=None, show: bool = True) -> None:
-    """Write `summary.json`, hand the summary to the tracker, print the table (`show`)."""
+def finish_run(run_dir: Path, summary, tracker=None, show: bool = True) -> None:
+    """Write `summary.json` from the run's `RunSummary`, hand it to the tracker, print
+    the table (`show`)."""
     import json
 
-    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    flat = summary.to_json()
+    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(flat, indent=2) + "\n")
     if tracker is not None:
-        tracker.finish(summary)
+        tracker.finish(flat)
     if show:
-        print_summary(summary)
+        print_summary(flat)
 
 
 def print_summary(summary: dict) -> None:

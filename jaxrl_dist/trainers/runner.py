@@ -29,12 +29,14 @@ import jax
 from jaxrl_dist.config import Config, to_dict
 from jaxrl_dist.envs import make_env
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
-from jaxrl_dist.trainers.asynchronous import train_async
+from jaxrl_dist.trainers.asynchronous import AsyncTrainer
 from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
                                         enable_compile_cache, finish_run, open_logs, params_digest,
                                         peak_rss_mb, prepare_run, run_metadata)
-from jaxrl_dist.trainers.sync import train_rounds
+from jaxrl_dist.trainers.rounds import train_rounds
+from jaxrl_dist.trainers.summary import FusedFigures, RunSummary
+from jaxrl_dist.trainers.sync import RoundTrainer
 
 
 def _init_runner(setup, env, seed: int):
@@ -152,35 +154,26 @@ def run_chunks(compiled, runner, ckpt, log, setup, K: int, start: int):
     return runner, records
 
 
-def summary_of(cfg, setup, runner, records, times: dict, start: int) -> dict:
+def summary_of(cfg, setup, runner, records, times: dict, start: int) -> RunSummary:
+    """A fused run's summary; `times`: its compile, checkpoint, train and wall seconds."""
     d = setup.derived
     final, per_seed = final_returns(records, d.num_updates)
     done = (d.num_updates - start) * d.batch_size * cfg.num_seeds
-    return {
-        "trainer": "fused",
-        "env_id": cfg.env.id,
-        "final_return": final,
-        "returns_per_seed": per_seed,
-        "env_steps": d.num_updates * d.batch_size,
-        "total_env_steps": d.num_updates * d.batch_size * cfg.num_seeds,
-        "num_updates": d.num_updates,
-        "num_seeds": cfg.num_seeds,
-        "wall_seconds": times["wall"],
-        "compile_seconds": times["compile"],
-        "checkpoint_seconds": times["checkpoint"],
-        "train_seconds": times["train"],
-        "sps": done / times["train"] if times["train"] > 0 else None,
-        "params_sha256": params_digest(runner.train.params),
-        "peak_rss_mb": peak_rss_mb(),
-        "mesh": None if setup.mesh is None else dict(setup.mesh.shape),  # {seeds, data}: devices
-        "processes": jax.process_count(),
-        "resumed_at_update": start if cfg.run.resume else None,
-        "run_dir": str(Path(cfg.run.dir).resolve()),
-        **run_metadata(),
-    }
+    return RunSummary(
+        trainer="fused", env_id=cfg.env.id, final_return=final, returns_per_seed=per_seed,
+        env_steps=d.num_updates * d.batch_size, total_env_steps=d.num_updates * d.batch_size * cfg.num_seeds,
+        num_updates=d.num_updates, num_seeds=cfg.num_seeds, wall_seconds=times["wall"],
+        compile_seconds=times["compile"], train_seconds=times["train"],
+        sps=done / times["train"] if times["train"] > 0 else None,
+        params_sha256=params_digest(runner.train.params), peak_rss_mb=peak_rss_mb(),
+        resumed_at_update=start if cfg.run.resume else None, run_dir=str(Path(cfg.run.dir).resolve()),
+        metadata=run_metadata(),
+        fused=FusedFigures(checkpoint_seconds=times["checkpoint"],
+                           mesh=None if setup.mesh is None else dict(setup.mesh.shape),  # {seeds, data}: devices
+                           processes=jax.process_count()))
 
 
-def train(cfg: Config, run_dir=None) -> dict:
+def train(cfg: Config, run_dir=None) -> RunSummary:
     """Train `cfg` (or continue `cfg.run.resume`) and return the run summary.
 
     The run directory is `run_dir`, else `cfg.run.dir`, else a dated one
@@ -197,9 +190,8 @@ def train(cfg: Config, run_dir=None) -> dict:
         if cfg.trainer.name not in ("async", "sync"):  # fused traces its chunk loop, past the compile
             return _train_fused(cfg, run_dir, resuming, t_start)
         with _profiling(cfg.run.profile_dir):  # the round trainers compile as they go
-            if cfg.trainer.name == "async":
-                return train_async(cfg, run_dir, resuming, t_start)
-            return train_rounds(cfg, run_dir, resuming, t_start)
+            trainer_cls = AsyncTrainer if cfg.trainer.name == "async" else RoundTrainer
+            return train_rounds(cfg, run_dir, resuming, t_start, trainer_cls)
 
 
 @contextlib.contextmanager
@@ -237,7 +229,7 @@ def _rounding_note(cfg: Config) -> None:
               f"steps (env.num_envs x algo.num_steps): training {updates * batch:,} steps", file=sys.stderr)
 
 
-def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> dict:
+def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> RunSummary:
     _rounding_note(cfg)
     with status.showing(f"making {cfg.env.id} and compiling its training program", cfg.run.progress):
         env, setup, ckpt, K = _fused_parts(cfg, run_dir, resuming)

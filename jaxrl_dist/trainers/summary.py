@@ -1,0 +1,129 @@
+"""The one run summary every trainer returns: `RunSummary`.
+
+The fused, sync, async and grouped (`hydra/launcher=vmap`) runs all build it by
+keyword from the same fields; what only some trainers have sits in typed parts
+(`FusedFigures`, `RoundFigures`, `accounting.CostFigures`, `AsyncFigures`).
+`summary.json`, the terminal table and W&B are all written from `to_json()`, one
+flat mapping, and the summary also reads as that mapping (`summary["sps"]`), so
+code written against `summary.json` keys works on the returned value too.
+
+Step counts: `env_steps` counts steps per seed (like `algo.total_timesteps`);
+`total_env_steps` and `sps` count all seeds' envs together (throughput). Times
+and `sps` describe this process; for a resumed run, the resumed part.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+from jaxrl_dist.trainers.accounting import CostFigures
+
+
+class FusedFigures(NamedTuple):
+    """The fused trainer's own figures."""
+
+    checkpoint_seconds: float  # the checkpoint writes (the end-of-run one too)
+    mesh: Optional[dict]  # {seeds, data}: devices; None on one device
+    processes: int
+
+
+class RoundFigures(NamedTuple):
+    """A shard trainer's (sync or async) own figures."""
+
+    backend: str
+    scheduler: str  # the scheduler's name; async: "balance" or "none"
+    rounds: int  # rounds (sync) or updates (async) done in all
+    retries: int
+    slot_resets: int
+
+
+class AsyncFigures(NamedTuple):
+    """The async trainer's staleness and balance figures."""
+
+    max_staleness: int
+    staleness_histogram: dict  # lag -> chunks learned with it
+    staleness_mean: Optional[float]
+    dropped_chunks: int
+    actors_active_final: Optional[int]
+    learned_rate_by_actors: dict  # env steps/s learned while n actors ran
+
+
+class Group(NamedTuple):
+    """Where a job ran in a `hydra/launcher=vmap` group."""
+
+    jobs: int
+    members: int
+    first_member: int
+
+
+# the fields every trainer has, in `summary.json`'s order (after trainer, env id and a
+# shard trainer's `RoundFigures`)
+_EVERY_TRAINER = ("final_return", "returns_per_seed", "env_steps", "total_env_steps", "num_updates", "num_seeds",
+                  "wall_seconds", "compile_seconds", "train_seconds", "sps", "params_sha256", "peak_rss_mb",
+                  "resumed_at_update", "run_dir")
+
+
+@dataclass(frozen=True, eq=False)
+class RunSummary(Mapping):
+    """What a run did, for `summary.json`, the table and W&B (see the module doc)."""
+
+    trainer: str
+    env_id: str
+    final_return: Optional[float]
+    returns_per_seed: list
+    env_steps: int
+    total_env_steps: int
+    num_updates: int
+    num_seeds: int
+    wall_seconds: float
+    compile_seconds: float  # this process's compiles (ray and http workers compile in their shards)
+    train_seconds: float
+    sps: Optional[float]
+    params_sha256: str
+    peak_rss_mb: float
+    resumed_at_update: Optional[int]
+    run_dir: str
+    metadata: dict  # `rundir.run_metadata()`: versions, commit, devices
+    fused: Optional[FusedFigures] = None
+    rounds: Optional[RoundFigures] = None
+    cost: Optional[CostFigures] = None
+    staleness: Optional[AsyncFigures] = None
+    stop_note: Optional[str] = None  # a limit that stopped the run before any round: why
+    group: Optional[Group] = None
+
+    def replace(self, **changes) -> "RunSummary":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        return dict(self._json)
+
+    @functools.cached_property
+    def _json(self) -> dict:
+        out: dict = {"trainer": self.trainer, "env_id": self.env_id}
+        if self.rounds is not None:
+            out.update(self.rounds._asdict())
+        out.update({k: getattr(self, k) for k in _EVERY_TRAINER})
+        if self.fused is not None:
+            out.update(self.fused._asdict())
+        out.update(self.metadata)
+        if self.cost is not None:
+            out.update(self.cost.to_json())
+        if self.staleness is not None:
+            out.update(self.staleness._asdict())
+        if self.stop_note is not None:
+            out["stop_note"] = self.stop_note
+        if self.group is not None:
+            out["group"] = self.group._asdict()
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self._json[key]
+
+    def __iter__(self):
+        return iter(self._json)
+
+    def __len__(self) -> int:
+        return len(self._json)
