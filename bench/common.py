@@ -1,14 +1,19 @@
-"""Shared pieces of the benchmarks: machine description, timing, tables, JSON.
+"""Shared pieces of the benchmarks: machine description, timing, tables, JSON, a terminal to run the CLI on.
 
 `measure` is the one place that compiles, warms up and times anything.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import pty
 import resource
 import statistics
+import struct
+import subprocess
+import termios
 import time
 from pathlib import Path
 
@@ -97,6 +102,44 @@ def markdown_table(headers, rows) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def in_terminal(cmd: list, env: dict, cwd: Path) -> tuple:
+    """Run `cmd` with a pseudo-terminal (120 x 40) as stdout and stderr, so a progress bar
+    draws as for a user; `(exit code, output)`."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=cwd)
+    os.close(slave)
+    out = bytearray()
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    code = proc.wait()
+    os.close(master)
+    return code, out.decode(errors="replace")
+
+
+def run_in_terminal(cmd: list, tree: Path, cache: Path) -> tuple:
+    """`cmd` from `tree` (first on PYTHONPATH) on a terminal, with the CLI's own XLA flags and
+    `cache` as XDG_CACHE_HOME (its compile cache); `(output, others' CPU share over its life)`."""
+    env = dict(os.environ, PYTHONPATH=str(tree), XDG_CACHE_HOME=str(cache), TERM="xterm-256color")
+    env.pop("XLA_FLAGS", None)  # configure_cpu sets them, as for a user
+    start, child_start = _CpuSample(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    code, output = in_terminal(cmd, env, tree)
+    end, child_end = _CpuSample(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({code}):\n{output[-3000:]}")
+    if start.busy is None or end.busy is None:
+        return output, None
+    child = (child_end.ru_utime + child_end.ru_stime) - (child_start.ru_utime + child_start.ru_stime)
+    others = (end.busy - start.busy) - child - (end.own - start.own)
+    return output, max(0.0, others) / ((end.wall - start.wall) * (os.cpu_count() or 1))
 
 
 def print_table(title: str, headers, rows) -> None:

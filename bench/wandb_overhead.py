@@ -3,7 +3,7 @@ without, interleaved in one run: the steps/s of each run's summary (training tim
 W&B start-up and finish are set-up, outside it), medians over rounds after a warm-up.
 
 Each run is a fresh process on a pseudo-terminal (progress bar, TensorBoard and JSONL
-on, as a user runs it; `bench/cli_vs_kernel.py`'s harness). W&B runs offline
+on, as a user runs it; `common.run_in_terminal`). W&B runs offline
 (`WANDB_MODE=offline`): it writes its run file locally through its service process,
 which an online run does too before it uploads.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cli_vs_kernel import REPO, run_process  # noqa: E402
+from common import REPO, machine_info, run_in_terminal, write_json  # noqa: E402
 
 ARGS = ["train", "trainer=fused", "env.id=CartPole-v1"]
 
@@ -30,7 +30,7 @@ ARGS = ["train", "trainer=fused", "env.id=CartPole-v1"]
 def one_run(wandb: bool, run_dir: Path, cache: Path) -> dict:
     os.environ["WANDB_MODE"] = "offline"
     cmd = [sys.executable, "-m", "jaxrl_dist.cli", *ARGS, f"run.dir={run_dir}"] + (["logger.wandb=true"] if wandb else [])
-    _, others = run_process(cmd, REPO, cache)
+    _, others = run_in_terminal(cmd, REPO, cache)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"sps": summary["sps"], "wall_seconds": summary["wall_seconds"], "other_cpu": others}
 
@@ -40,7 +40,6 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--out", default="bench/results/wandb_overhead.json")
     opts = p.parse_args()
-    from common import machine_info, write_json
 
     rows = {"off": [], "wandb": []}
     with tempfile.TemporaryDirectory(prefix="wandb_overhead-") as tmp:
