@@ -470,7 +470,7 @@ def server_overrides(max_body_mb: float = 1.0) -> list:
 
 
 def start_server(site: Path, *extra: str):
-    from jaxrl_dist.serve import LocalServer
+    from jaxrl_dist.serve.local import LocalServer
 
     path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
     return LocalServer(*server_overrides(), *extra, token=TOKEN, env={"PYTHONPATH": path}, timeout=120)

@@ -1,8 +1,8 @@
-"""Test defaults for `jaxrl_dist.serve.LocalServer`: a real `jaxrl-dist serve`
+"""Test defaults for `jaxrl_dist.serve.local.LocalServer`: a real `jaxrl-dist serve`
 subprocess on a loopback port, with a known token."""
 from __future__ import annotations
 
-from jaxrl_dist.serve import LocalServer, free_port
+from jaxrl_dist.serve.local import LocalServer, free_port
 
 TOKEN = "test-token-7f3a"
 

@@ -19,7 +19,8 @@ LAYERS = [
     ("backends",),
     ("scheduling",),
     ("trainers",),
-    ("serve_protocol", "serve", "serve_worker", "scheduler_training", "evaluation"),
+    ("serve",),
+    ("scheduler_training", "evaluation"),
     ("tools",),
     ("cli", "__main__"),
 ]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_dist.serve import free_port
+from jaxrl_dist.serve.local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -51,7 +51,7 @@ def _build() -> Callable[[Any, Any], Any]:
     configure_cpu()  # before JAX starts, as the CLI does; XLA_FLAGS already set win
     from mangum import Mangum
 
-    from jaxrl_dist.serve import app_from_env
+    from jaxrl_dist.serve.app import app_from_env
 
     return Mangum(app_from_env(), lifespan="off")
 

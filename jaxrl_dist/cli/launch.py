@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 from jaxrl_dist.config import ConfigError
-from jaxrl_dist.serve import free_port
+from jaxrl_dist.serve.local import free_port
 from jaxrl_dist.trainers.rundir import check_fresh, check_usable, default_run_dir
 
 POLL_S = 0.2

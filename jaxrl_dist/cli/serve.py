@@ -32,10 +32,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
     parser.add_argument("overrides", nargs="*", metavar="serve.KEY=VALUE", help="e.g. serve.max_body_mb=16")
     args = parser.parse_args(argv)
-    from jaxrl_dist import serve  # the HTTP stack and JAX
+    from jaxrl_dist.serve import app  # the HTTP stack
 
     try:
-        base = serve.config_from_env(ServeConfig())  # the environment, then overrides and flags
+        base = app.config_from_env(ServeConfig())  # the environment, then overrides and flags
     except ValueError as err:
         raise ConfigError(str(err)) from None
     cfg = options(base, args.overrides, "serve").check()
@@ -44,5 +44,5 @@ def main(argv: Sequence[str]) -> int:
         raise ConfigError("serve.token: no token; pass --token, set JAXRL_DIST_TOKEN, "
                           "or serve.token='' to serve without authentication")
     use_unrolled_threefry()
-    serve.serve(cfg)
+    app.serve(cfg)
     return 0

@@ -1,15 +1,15 @@
 """`jaxrl-dist calibrate`: a latency profile (`profile.Profile`) measured on a real backend.
 
-A few rounds of the round trainer (`rounds.RoundTrainer`: the configured
+A few rounds of the round trainer (`trainers.sync.RoundTrainer`: the configured
 backend, a fixed shard count) run while `Recorder` keeps each round's
 `RoundResult`, whose per-shard timings the round records only summarise.
 Every round but the first (which compiles) is a warm round. From them:
 
-- `step_s`: a shard's compute seconds (`rounds.shard_seconds`) / `algo.num_steps`,
+- `step_s`: a shard's compute seconds (`trainers.accounting.shard_seconds`) / `algo.num_steps`,
   median over the warm rounds' shards. The local backend runs a round's gymnax
   shards as one jitted batch, so there each round runs one shard: a shard alone,
   as it would run on an instance of its own.
-- `bytes_per_shard`: request and response bytes per shard (`rounds.moved_bytes`: the
+- `bytes_per_shard`: request and response bytes per shard (`trainers.accounting.moved_bytes`: the
   local backend, which moves none, counts what a remote one would move
   uncompressed). `transfer_s_per_byte`: the backend's `transfer_s` over those
   bytes, median; 0 for the local backend.
@@ -49,12 +49,11 @@ from jaxrl_dist.config import Config, ConfigError, RunConfig, SchedulerConfig
 from jaxrl_dist.scheduling.profile import Profile
 from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.platform import cpu_model
-from jaxrl_dist.serve import LocalServer
-from jaxrl_dist.serve import free_port
+from jaxrl_dist.serve.local import LocalServer, free_port
 from jaxrl_dist.trainers.logger import MetricsLogger
 from jaxrl_dist.trainers.sync import RoundTrainer
-from jaxrl_dist.trainers.sync import moved_bytes
-from jaxrl_dist.trainers.sync import shard_seconds
+from jaxrl_dist.trainers.accounting import moved_bytes
+from jaxrl_dist.trainers.accounting import shard_seconds
 from jaxrl_dist.backends import BACKENDS, capabilities
 
 

@@ -381,7 +381,7 @@ class FaultProxy:
     `stats()` while it runs, `stop()` (SIGTERM to its PID) returns its log."""
 
     def __init__(self, upstream_url: str, log: Path, port: int = 0, timeout: float = 30.0, **opts):
-        from jaxrl_dist.serve import free_port
+        from jaxrl_dist.serve.local import free_port
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -20,13 +20,17 @@ and the instance keeps serving:
   `serve.rollout_timeout_s`; it is restarted and `/healthz` counts the restarts;
 - 500: a bug, in one line (and logged).
 
-Envs are built and shards run in a separate process (`RolloutWorker`), which
+Envs are built and shards run in a separate process (`supervisor.RolloutWorker`), which
 keeps its compiled programs across requests (at most `serve.max_programs`
 specs and `serve.max_pools` envpool slot pools, least recently used out), so a
 warm instance does not recompile. Each response reports the instance's own
 billed duration, from the request's arrival to its response, rounded up to
 the millisecond. One shard runs at a time (a function instance's
 concurrency is 1); health checks answer meanwhile.
+
+`serve(cfg)` runs the app under uvicorn (`serve.protocol`: the header timeout, the ready
+line, the stopping signal); `app_from_env()` builds it from the environment alone, for
+containers and AWS Lambda.
 """
 from __future__ import annotations
 
@@ -35,14 +39,15 @@ import hmac
 import json
 import os
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from jaxrl_dist.config import ServeConfig
-from jaxrl_dist.serve_protocol import HEAD, REPLY, json_bytes, one_line
 from jaxrl_dist.platform import unrolled_threefry, use_unrolled_threefry
+from jaxrl_dist.serve.pipe import HEAD, json_bytes, one_line
+from jaxrl_dist.serve.protocol import StopSignal, header_timeout_protocol, ready_server_class
+from jaxrl_dist.serve.supervisor import RolloutWorker, WorkerDied
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 MSGPACK = b"application/msgpack"
@@ -60,140 +65,6 @@ class HttpError(Exception):
 
 def _retry_later(message: str) -> HttpError:
     return HttpError(503, message, [(b"retry-after", str(RETRY_AFTER_S).encode())])
-
-
-class WorkerDied(Exception):
-    """The rollout process died or hung; it has been (or will be) started again."""
-
-
-class RolloutWorker:
-    """The process that decodes, checks and runs shards (a fresh interpreter, so it
-    shares nothing with the server but a pipe of bytes). A native crash in an env (an abort, a
-    segfault) kills it, not the server: the request that was running is answered 503
-    and the next one starts a fresh process. It keeps its compiled programs between
-    requests, so a warm instance stays warm."""
-
-    START_TIMEOUT_S = 300.0
-
-    def __init__(self, setup: dict):
-        self.setup = json.dumps(setup).encode()
-        self.proc = self.conn = None
-        self.restarts, self.last_exit, self.stats = 0, None, {}
-        self._lock = threading.Lock()  # held while a process starts
-        self._reap_lock = threading.Lock()
-        self._closed = False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def state(self) -> dict:
-        alive = self.alive()
-        return {"pid": self.proc.pid if alive else None, "state": "up" if alive else "down",
-                "restarts": self.restarts, "last_exit": self.last_exit}
-
-    def ensure(self) -> None:
-        """Start the process if none is running (a died one counts as a restart)."""
-        with self._lock:
-            if self.alive():
-                return
-            if self._closed:
-                raise WorkerDied("the server is stopping")
-            if self.proc is not None:
-                self._reap()
-                self.restarts += 1
-            self.proc, self.conn = _spawn_worker()
-            if self._closed:  # close() ran while it started, and found no process to stop
-                self.kill()
-                raise WorkerDied("the server is stopping")
-            self._wait_ready()
-
-    def _wait_ready(self) -> None:
-        """Send the setup, then wait for the process to say it is ready."""
-        try:
-            self.conn.send_bytes(self.setup)
-            if self.conn.poll(self.START_TIMEOUT_S) and self.conn.recv_bytes() == b"ready":
-                return
-        except (EOFError, OSError):  # it died while starting, or close() stopped it
-            raise WorkerDied(f"the rollout process exited while starting ({_exit_text(self._reap())})") from None
-        self.kill()
-        raise WorkerDied(f"the rollout process did not start in {self.START_TIMEOUT_S:.0f} s")
-
-    def call(self, message: bytes, timeout: float) -> tuple:
-        """`(status, payload)` for one request; `WorkerDied` if the process died or hung."""
-        self.ensure()
-        try:
-            self.conn.send_bytes(message)
-            if not self.conn.poll(timeout):
-                self.kill()
-                raise WorkerDied(f"the rollout took over serve.rollout_timeout_s={timeout:g} s; "
-                                 "the process was restarted")
-            reply = self.conn.recv_bytes()
-        except (EOFError, OSError):
-            code = self._reap()
-            raise WorkerDied(f"the rollout process died ({_exit_text(code)}); it restarts") from None
-        status, size = REPLY.unpack_from(reply)
-        self.stats = json.loads(reply[REPLY.size:REPLY.size + size])
-        return status, reply[REPLY.size + size:]
-
-    def _reap(self):
-        import subprocess
-
-        with self._reap_lock:  # close() may reap from the server's thread as this one does
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # its pipe closed, yet it lives on
-                self.proc.kill()
-                self.proc.wait()
-            self.last_exit = self.proc.returncode
-            self.conn.close()
-        return self.last_exit
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-        if self.proc is not None:
-            self._reap()
-
-    def close(self) -> None:
-        """Stop the process for good: the server is stopping, and no new one starts."""
-        self._closed = True
-        self.kill()
-
-
-# the rollout process's program: the server's sys.path first (as multiprocessing's spawn
-# does), then the worker loop on the inherited end of the pipe
-_WORKER_CODE = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-                "from jaxrl_dist.serve_worker import worker_entry; worker_entry(int(sys.argv[2]))")
-
-
-def _spawn_worker() -> tuple:
-    """A started rollout process and the server's end of its pipe (the process reads its
-    setup from the pipe first).
-
-    It runs in a process group of its own: Ctrl-C in a terminal signals the foreground
-    group, and the server stops its worker itself, so the worker never sees the signal,
-    not even while it imports (no KeyboardInterrupt traceback from it)."""
-    import subprocess
-    from multiprocessing import Pipe
-
-    conn, child = Pipe()
-    try:
-        proc = subprocess.Popen([sys.executable, "-c", _WORKER_CODE, json.dumps(sys.path), str(child.fileno())],
-                                stdin=subprocess.DEVNULL, pass_fds=(child.fileno(),), process_group=0)
-    finally:
-        child.close()
-    return proc, conn
-
-
-def _exit_text(code) -> str:
-    import signal
-
-    if code is not None and code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class ServeApp:
@@ -399,7 +270,6 @@ def app_from_env() -> ServeApp:
 
 
 EXIT_INTERRUPTED = 130  # the shell's code for a program stopped by Ctrl-C, as `train` uses
-READY_PREFIX = "serving on "  # the line `serve` prints once it accepts connections
 
 
 def serve(cfg: ServeConfig) -> None:
@@ -418,8 +288,8 @@ def serve(cfg: ServeConfig) -> None:
     config = uvicorn.Config(app, host=cfg.host, port=port, log_level="warning", lifespan="on",
                             http=header_timeout_protocol(cfg.header_timeout_s), timeout_keep_alive=5,
                             h11_max_incomplete_event_size=16 * 1024)
-    server = _ready_server_class()(config, _ready_text(cfg, app))
-    with _StopSignal(server) as stop:
+    server = ready_server_class()(config, _ready_text(cfg, app))
+    with StopSignal(server) as stop:
         try:
             server.run()
         finally:
@@ -436,185 +306,3 @@ def _ready_text(cfg: ServeConfig, app: ServeApp) -> str:
     return f"envs: {shown or 'none'}; auth: {'bearer token' if app.token else 'none'}"
 
 
-class _StopSignal:
-    """The signal that stopped a uvicorn server, noted while in a `with` block. uvicorn
-    handles SIGINT and SIGTERM itself (a graceful shutdown, in which the app stops its
-    worker) and, once stopped, raises the signal again to the handlers it found: these
-    note it, in place of Python's KeyboardInterrupt traceback or a death by SIGTERM.
-    One that arrives before uvicorn's own handlers are in place stops the server too."""
-
-    def __init__(self, server):
-        self.server, self.signal, self._previous = server, None, {}
-
-    def _note(self, signum: int, frame) -> None:
-        self.signal = self.signal or signum
-        self.server.should_exit = True
-
-    def __enter__(self) -> "_StopSignal":
-        import signal
-
-        self._previous = {sig: signal.signal(sig, self._note) for sig in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def _ready_server_class():
-    """uvicorn's `Server`, printing one line with its URL once it accepts connections
-    (after the app's startup and the socket's bind)."""
-    import uvicorn
-
-    class ReadyServer(uvicorn.Server):
-        def __init__(self, config, detail: str):
-            super().__init__(config)
-            self.detail = detail
-
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started and not self.should_exit:
-                host, port = self.servers[0].sockets[0].getsockname()[:2]
-                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-                print(f"{READY_PREFIX}{url} ({self.detail})", flush=True)
-
-    return ReadyServer
-
-
-_TIMEOUT_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
-
-
-def _close_late(proto, timeout_s: float) -> None:
-    """Close `proto`'s connection whose request headers are late (408 if it began one)."""
-    if proto.cycle is not None and not proto.cycle.response_complete:
-        return  # headers are in; the app's body timeout takes over
-    if not proto.transport.is_closing():
-        if proto._started:  # a request begun and never finished is told why
-            why = f"headers: not received within serve.header_timeout_s={timeout_s:g} s"
-            body = json_bytes({"error": why})
-            proto.transport.write(_TIMEOUT_408 % (len(body), body))
-        proto.transport.close()
-
-
-def header_timeout_protocol(timeout_s: float):
-    """uvicorn's h11 protocol, closing a connection whose request headers are not all in
-    within `timeout_s` of it opening or of its last response (uvicorn's own keep-alive
-    timer stops at the first byte, so a client trickling headers would hold it forever)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class HeaderTimeoutH11(H11Protocol):
-        _header_timer = None
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._started = False  # no byte of the next request yet: an idle keep-alive
-            self._header_timer = self.loop.call_later(timeout_s, self._headers_late)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_late(self) -> None:
-            _close_late(self, timeout_s)
-
-        def data_received(self, data: bytes) -> None:
-            self._started = True
-            super().data_received(data)
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._disarm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return HeaderTimeoutH11
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class LocalServer:
-    """`jaxrl-dist serve` in a subprocess on a loopback port, for tests, benchmarks
-    and experiments on one machine; `stop()` kills it."""
-
-    def __init__(self, *overrides: str, token: Optional[str] = None, port: int = 0,
-                 env: Optional[dict] = None, timeout: float = 60.0):
-        """Returns once it prints its ready line; what it printed up to there is in
-        `startup_output` (the rest is on `proc.stdout`, stderr merged in)."""
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ready_line, self.startup_output = None, ""
-        script = Path(sys.executable).with_name("jaxrl-dist")
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
-        cmd += ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--token", token] if token is not None else []
-        self.proc = subprocess.Popen(cmd + list(overrides), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=dict(os.environ, **(env or {})))
-        self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float) -> None:
-        """Until the server prints its ready line (`self.ready_line`); it then accepts
-        connections. Read from the pipe's descriptor, a line at a time as it comes."""
-        import selectors
-
-        deadline, out = time.time() + timeout, b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while sel.select(max(0.0, deadline - time.time())):
-                chunk = os.read(self.proc.stdout.fileno(), 65536)
-                out += chunk
-                self.startup_output = out.decode(errors="replace")
-                if not chunk:
-                    raise RuntimeError(f"serve exited ({self.proc.wait()}): {self.startup_output[-2000:]}")
-                ready = [line for line in self.startup_output.splitlines(keepends=True)
-                         if line.startswith(READY_PREFIX) and line.endswith("\n")]
-                if ready:
-                    self.ready_line = ready[0].strip()
-                    return
-        self.stop()
-        raise TimeoutError(f"serve on {self.url} did not say it was ready in {timeout:.0f} s: "
-                           f"{self.startup_output[-2000:]}")
-
-    def healthy(self, timeout: float = 5.0) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=timeout) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        if self.proc.stdout:
-            self.proc.stdout.close()

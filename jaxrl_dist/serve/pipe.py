@@ -1,5 +1,10 @@
 """What the actor function's server and its rollout process say to each other over their
-pipe (light: the server imports it without JAX; `serve_worker` is the other end)."""
+pipe: a request is `HEAD` (flags, arrival time) and the wire body; a reply is `REPLY`
+(status, length of the worker's stats JSON), the stats, then the body. Light: the server
+imports it without JAX, and `serve.worker` is the other end.
+
+Kept apart from `serve.protocol` (the HTTP connection under uvicorn), which the rollout
+process has no use for: this module is all that both processes share."""
 from __future__ import annotations
 
 import json

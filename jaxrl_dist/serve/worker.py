@@ -1,6 +1,7 @@
 """The actor function's rollout process: decodes, checks, runs and encodes shards that the
-server (`jaxrl_dist.serve`) passes over a pipe. The server never imports this module, so
-it answers health checks before JAX loads; a native crash here is the server's to restart."""
+server (`serve.app`, through `serve.supervisor`) passes over a pipe. The server never
+imports this module, so it answers health checks before JAX loads; a native crash here is
+the supervisor's to restart."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import use_unrolled_threefry
-from jaxrl_dist.serve_protocol import HEAD, REPLY, billed, json_bytes, one_line
+from jaxrl_dist.serve.pipe import HEAD, REPLY, billed, json_bytes, one_line
 
 
 def worker_entry(fd: int) -> None:
