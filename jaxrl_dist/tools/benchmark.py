@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 from jaxrl_dist.config import TrainerConfig
+from jaxrl_dist.tools.files import markdown_table, read_jsonl, write_json
+from jaxrl_dist.tools.plots import figure, save
 
 ORDER = ("cartpole_1", "cartpole_64", "cartpole_2048", "minatar_breakout", "brax_hopper", "pong_score",
          "scaling")
@@ -51,6 +53,7 @@ QUICK_JOBS = 2
 RESERVE_S = 6.0  # kept back from the budget for writing the outputs at the end
 SCORES = (-20.0, -15.0, -10.0, 0.0, 10.0, 20.0)  # Pong returns whose first crossing is timed
 JSON_FILE, MD_FILE = "bench.json", "bench.md"
+DPI = 110  # of the PNGs
 PROBE = ("from jaxrl_dist.platform import configure_cpu; configure_cpu(); import json; "
          "from jaxrl_dist.trainers.rundir import machine_info; print(json.dumps(machine_info()))")
 
@@ -220,16 +223,9 @@ def _one_line(log: Path) -> str:
 
 
 def _read_records(run_dir: Path) -> list:
+    """The run's records; a last line cut by the kill is dropped (`files.read_jsonl`)."""
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by the kill
-            break
-    return out
+    return read_jsonl(path) if path.is_file() else []
 
 
 _ACTIVE: set = set()  # the children running now, so an interrupted suite ends them all
@@ -271,7 +267,10 @@ def run_train(overrides: Sequence[str], run_dir: Path, limit_s: float, env: Opti
                 proc.wait()
             _ACTIVE.discard(proc)
     seconds = time.monotonic() - t0
-    records = _read_records(run_dir)
+    try:
+        records = _read_records(run_dir)
+    except ValueError as err:  # a damaged line, not one cut at the end
+        return Outcome("failed", str(err), seconds, None, [])
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if code == 0 and summary_path.is_file() else None
     if code is None:
@@ -519,13 +518,6 @@ def _device(machine: dict) -> str:
     return f"{machine.get('platform')} x{machine.get('device_count')} ({machine.get('device_kind')})"
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write atomically, so a suite killed mid-write leaves the previous file whole."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _num(x, digits: int = 3) -> str:
     """3 significant digits; thousands separators for large numbers; '-' for none."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -537,11 +529,6 @@ def _num(x, digits: int = 3) -> str:
     if abs(x) >= 1000:
         return f"{x:,.0f}"
     return f"{x:.{digits}g}"
-
-
-def _table(headers: Sequence[str], rows: list) -> list:
-    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|",
-            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
 def machine_line(machine: dict) -> str:
@@ -615,28 +602,28 @@ def markdown(data: dict) -> str:
     quick = " (--quick sizes)" if data.get("quick") else ""
     lines = [f"# jaxrl-dist bench{quick}", "", f"Device: {machine_line(data['machine'])}", "",
              f"Suite: {data['elapsed_s']:.0f} s of a {_num(data.get('budget_s'))} s budget." + _jobs_note(data), "",
-             *_table(CASE_HEADERS, case_rows(data)), ""]
+             markdown_table(CASE_HEADERS, case_rows(data)), ""]
     notes = [f"- {n}: {r['status']}: {r['reason']}" for n in ORDER
              if (r := data["cases"].get(n)) and r.get("reason")]
     lines += notes + ([""] if notes else [])
     scaling = data["cases"].get("scaling", {}).get("devices")
     if scaling:
-        lines += ["## Scaling (trainer.devices)", "", *_table(
+        lines += ["## Scaling (trainer.devices)", "", markdown_table(
             ("devices", "status", "env steps/s", "compile s", "speed-up", "efficiency"),
             [[d["devices"], d["status"], _num(d.get("sps")), _num(d.get("compile_seconds")),
               _num(d.get("speedup")), _num(d.get("efficiency"))] for d in scaling]), ""]
     pong = data["cases"].get("pong_score")
     if pong and pong.get("figures"):
         reached = pong.get("time_to_score") or []
-        table = _table(("score (mean of 5 updates)", "train s", "env steps"),
-                       [[d["score"], _num(d["train_seconds"]), _num(d["env_steps"])] for d in reached])
+        table = markdown_table(("score (mean of 5 updates)", "train s", "env steps"),
+                               [[d["score"], _num(d["train_seconds"]), _num(d["env_steps"])] for d in reached])
         lines += ["## Pong: time to score", "", f"Best return {_num(pong['figures'].get('best_return'))}; "
                   f"scores timed: {', '.join(f'{x:g}' for x in SCORES)}.", "",
-                  *(table if reached else ["No score reached."]), ""]
-    lines += ["## Against published figures", "", *_table(
+                  table if reached else "No score reached.", ""]
+    lines += ["## Against published figures", "", markdown_table(
         ("system", "task", "published", "their hardware", "here (case: measured)", "this device"),
         anchor_rows(data)), "", "## Targets on one H200 GPU", "",
-        *_table(("case", "target", "measured", "met"), target_rows(data)), ""]
+        markdown_table(("case", "target", "measured", "met"), target_rows(data)), ""]
     if data.get("profile"):
         p = data["profile"]
         lines += ["## Profile", "", f"{p['case']}: {p['status']}; {p.get('detail', '')}", ""]
@@ -648,25 +635,22 @@ def markdown(data: dict) -> str:
 
 def plots(data: dict, out: Path) -> list:
     """PNGs: env steps/s per case, where each case's seconds went, and the scaling curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     title = f"jaxrl-dist bench: {_device(data['machine'])}" + (" (--quick)" if data.get("quick") else "")
     done = [(n, data["cases"][n]) for n in ORDER if n in data["cases"] and data["cases"][n].get("figures")]
     written = []
     rates = [(n, r["figures"]["sps"]) for n, r in done if r["figures"].get("sps")]
     if rates:
-        fig, ax = plt.subplots(figsize=(7, 0.5 * len(rates) + 1.5))
+        fig, axes = figure(width=7, height=0.5 * len(rates) + 1.5)
+        ax = axes[0, 0]
         ax.barh([n for n, _ in rates][::-1], [v for _, v in rates][::-1], color="tab:blue")
         ax.set_xscale("log")
         ax.set_xlabel("env steps/s, all seeds (training, compile excluded)")
         ax.set_title(title, fontsize=9)
-        written.append(_save(fig, out / "bench_sps.png"))
+        written.append(save(fig, out / "bench_sps.png", dpi=DPI))
     parts = [(n, r["figures"]) for n, r in done if r["figures"].get("wall_seconds") is not None]
     if parts:
-        fig, ax = plt.subplots(figsize=(7, 0.5 * len(parts) + 1.5))
+        fig, axes = figure(width=7, height=0.5 * len(parts) + 1.5)
+        ax = axes[0, 0]
         names, left = [n for n, _ in parts], [0.0] * len(parts)
         for key, label in (("start", "process start"), ("compile_seconds", "compile"),
                            ("train_seconds", "train"), ("checkpoint_seconds", "checkpoint")):
@@ -678,10 +662,11 @@ def plots(data: dict, out: Path) -> list:
         ax.set_xlabel("seconds")
         ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-        written.append(_save(fig, out / "bench_time.png"))
+        written.append(save(fig, out / "bench_time.png", dpi=DPI))
     rows = [d for d in data["cases"].get("scaling", {}).get("devices", []) if d.get("speedup")]
     if rows:
-        fig, ax = plt.subplots(figsize=(5, 4))
+        fig, axes = figure(width=5, height=4)
+        ax = axes[0, 0]
         n = [d["devices"] for d in rows]
         ax.plot(n, [d["speedup"] for d in rows], "o-", label="measured")
         ax.plot(n, n, "--", color="gray", label="linear")
@@ -691,17 +676,8 @@ def plots(data: dict, out: Path) -> list:
         ax.set_ylabel("speed-up over 1 device (efficiency marked)")
         ax.legend(fontsize=8)
         ax.set_title(title, fontsize=9)
-        written.append(_save(fig, out / "bench_scaling.png"))
+        written.append(save(fig, out / "bench_scaling.png", dpi=DPI))
     return written
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # --- the profile --------------------------------------------------------------------------------

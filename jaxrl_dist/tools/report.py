@@ -28,6 +28,9 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from jaxrl_dist.tools.files import read_jsonl
+from jaxrl_dist.tools.plots import color, figure, save
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
@@ -57,21 +60,13 @@ class Run(NamedTuple):
 
 
 def read_metrics(path: Path) -> list:
-    """Records of a `metrics.jsonl`; a cut-off last line (a run still writing) is dropped."""
-    lines = Path(path).read_text().splitlines()
-    records = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines):
-                break
-            raise ReportError(f"{path}:{i}: not a JSON line") from None
-        if isinstance(rec, dict):
-            records.append(rec)
-    return records
+    """Records of a `metrics.jsonl` (`files.read_jsonl`: a cut-off last line, a run still
+    writing, is dropped); `ReportError` naming a damaged line before it."""
+    try:
+        values = read_jsonl(path)
+    except ValueError as err:
+        raise ReportError(str(err)) from None
+    return [rec for rec in values if isinstance(rec, dict)]
 
 
 def _read_optional(path: Path, parse) -> Optional[dict]:
@@ -166,7 +161,8 @@ def _has(records: list, key: str) -> bool:
     return any(math.isfinite(_num(r.get(key))) for r in records)
 
 
-def _column(records: list, key: str) -> list:
+def column(records: list, key: str) -> list:
+    """`key` of every record as a float (NaN where it is missing or not a number)."""
     return [_num(r.get(key)) for r in records]
 
 
@@ -195,25 +191,25 @@ def rounds(records: list) -> list:
 def cumulative(records: list, cum_key: str, step_key: str) -> Optional[list]:
     """`cum_key` per record, or the running sum of `step_key`; None if neither is there."""
     if _has(records, cum_key):
-        return _column(records, cum_key)
+        return column(records, cum_key)
     if _has(records, step_key):
-        return _cumsum(_column(records, step_key))
+        return _cumsum(column(records, step_key))
     return None
 
 
 def per_round_cost(records: list) -> Optional[list]:
     if _has(records, "cost_usd"):
-        return _column(records, "cost_usd")
+        return column(records, "cost_usd")
     if _has(records, "cum_cost_usd"):
-        return _diff(_column(records, "cum_cost_usd"))
+        return _diff(column(records, "cum_cost_usd"))
     return None
 
 
 def measured_components(records: list) -> dict:
     """`{name: per-round seconds}` of the measured parts present, plus `other`."""
-    parts = {k[:-2]: _column(records, k) for k in MEASURED if _has(records, k)}
+    parts = {k[:-2]: column(records, k) for k in MEASURED if _has(records, k)}
     if parts and _has(records, "round_s"):
-        total = _column(records, "round_s")
+        total = column(records, "round_s")
         known = [sum(v for v in vals if math.isfinite(v)) for vals in zip(*parts.values())]
         parts["other"] = [max(0.0, t - k) if math.isfinite(t) else 0.0 for t, k in zip(total, known)]
     return parts
@@ -224,32 +220,16 @@ def modeled_components(records: list) -> dict:
     bare `setup_s`/`invoke_s`/`start_s`/`actor_s` (their names are not measured ones)."""
     keys = sorted({k for r in records for k in r
                    if k.startswith(MODELED_PREFIX) and k.endswith("_s") and k != "modeled_s"})
-    parts = {k[len(MODELED_PREFIX):-2]: _column(records, k) for k in keys if _has(records, k)}
+    parts = {k[len(MODELED_PREFIX):-2]: column(records, k) for k in keys if _has(records, k)}
     for k in MODELED:
         name = k[:-2]
         if k not in MEASURED and name not in parts and _has(records, k):
-            parts[name] = _column(records, k)
+            parts[name] = column(records, k)
     order = {k[:-2]: i for i, k in enumerate(MODELED)}
     return dict(sorted(parts.items(), key=lambda kv: order.get(kv[0], len(order))))
 
 
 # ---------------------------------------------------------------- figures
-
-
-def _figure(ncols: int = 1, nrows: int = 1, width: float = 6.4, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    return fig, axes
-
-
-def _color(index: int):
-    from matplotlib import colormaps
-
-    return colormaps["tab10"](index % 10)
 
 
 def _integer_ticks(*axes) -> None:
@@ -258,12 +238,6 @@ def _integer_ticks(*axes) -> None:
 
     for axis in axes:
         axis.set_major_locator(MaxNLocator(integer=True))
-
-
-def _save(fig, out_dir: Path, name: str) -> Path:
-    path = out_dir / name
-    fig.savefig(path, dpi=100)
-    return path
 
 
 def _left_out(name: str, missing: list, drawn: list, notes: list) -> None:
@@ -287,22 +261,22 @@ def _line_figure(runs: dict, out_dir: Path, name: str, title: str, axis: tuple,
     _left_out(name, [f"{label} ({why})" for label, why in missing.items()], drawn, notes)
     if not drawn:
         return None
-    fig, axes = _figure()
+    fig, axes = figure()
     ax = axes[0, 0]
     few = max(len(x) for _, (x, _) in drawn) < 40  # dots on the points of short runs
     for label, (x, y) in drawn:
-        color = _color(list(runs).index(label))
+        shade = color(list(runs).index(label))
         if step:
-            ax.step(x, y, where="mid", label=label, color=color)
+            ax.step(x, y, where="mid", label=label, color=shade)
         else:
-            ax.plot(x, y, marker="." if few else None, label=label, color=color)
+            ax.plot(x, y, marker="." if few else None, label=label, color=shade)
     ax.set(title=title, xlabel=axis[0], ylabel=axis[1])
     if step:  # counts per round, from zero
         ax.set_ylim(bottom=0)
         _integer_ticks(ax.xaxis, ax.yaxis)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(fig, out_dir, name)
+    return save(fig, out_dir / name)
 
 
 def _return_series(x_of, x_keys: str):
@@ -313,14 +287,14 @@ def _return_series(x_of, x_keys: str):
         if lacks:
             return f"no {' or '.join(lacks)}"
         # a round that finished no episode has no return: the line joins its neighbours
-        points = [(a, b) for a, b in zip(x, _column(records, "return"))
+        points = [(a, b) for a, b in zip(x, column(records, "return"))
                   if math.isfinite(a) and math.isfinite(b)]
         return [a for a, _ in points], [b for _, b in points]
     return series
 
 
 def plot_return_vs_steps(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
-    series = _return_series(lambda rs: _column(rs, "env_steps") if _has(rs, "env_steps") else None,
+    series = _return_series(lambda rs: column(rs, "env_steps") if _has(rs, "env_steps") else None,
                             "env_steps")
     return _line_figure(runs, out_dir, "return_vs_steps.png", "Return", ("env steps", "return"),
                         series, notes)
@@ -341,7 +315,7 @@ def plot_return_vs_wall_time(runs: dict, out_dir: Path, notes: list) -> Optional
 
 def plot_shards(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
     def series(records):
-        return (rounds(records), _column(records, "num_shards")) if _has(records, "num_shards") \
+        return (rounds(records), column(records, "num_shards")) if _has(records, "num_shards") \
             else "no num_shards"
     return _line_figure(runs, out_dir, "shards_per_round.png", "Shards per round",
                         ("round", "shards"), series, notes, step=True)
@@ -350,7 +324,7 @@ def plot_shards(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
 def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
     """Two panels: dollars per round, and cumulative dollars."""
     name, drawn, missing = "cost.png", [], []
-    fig, axes = _figure(ncols=2)
+    fig, axes = figure(ncols=2)
     for i, (label, records) in enumerate(runs.items()):
         per = per_round_cost(records) if records else None
         if per is None:
@@ -358,8 +332,8 @@ def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
             continue
         cum = cumulative(records, "cum_cost_usd", "cost_usd")
         x = rounds(records)
-        axes[0, 0].step(x, per, where="mid", label=label, color=_color(i))
-        axes[0, 1].plot(x, cum, label=label, color=_color(i))
+        axes[0, 0].step(x, per, where="mid", label=label, color=color(i))
+        axes[0, 1].plot(x, cum, label=label, color=color(i))
         drawn.append(label)
     _left_out(name, missing, drawn, notes)
     if not drawn:
@@ -370,7 +344,7 @@ def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
         _integer_ticks(ax.xaxis)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    return _save(fig, out_dir, name)
+    return save(fig, out_dir / name)
 
 
 # a component keeps its colour in every panel (measured and modeled `transfer` alike)
@@ -422,7 +396,7 @@ def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path
     if not rows:
         return None
     ncols = 2 if any(row[3] for row in rows) else 1
-    fig, axes = _figure(ncols=ncols, nrows=len(rows), height=3.2)
+    fig, axes = figure(ncols=ncols, nrows=len(rows), height=3.2)
     for r, (label, records, measured, modeled) in enumerate(rows):
         x = rounds(records)
         for c, (parts, kind) in enumerate(((measured, "measured"), (modeled, "modeled"))[:ncols]):
@@ -431,7 +405,7 @@ def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path
             else:
                 axes[r, c].set_axis_off()
                 axes[r, c].set_title(f"{label}: no {kind} components", fontsize="small")
-    return _save(fig, out_dir, name)
+    return save(fig, out_dir / name)
 
 
 PLOTS = (plot_return_vs_steps, plot_return_vs_modeled_time, plot_return_vs_wall_time,

@@ -33,7 +33,9 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from jaxrl_dist.tools.report import ReportError, Run, _color, _column, _figure, _save, load_run, wall_clock
+from jaxrl_dist.tools.files import markdown_table
+from jaxrl_dist.tools.plots import color, figure, save
+from jaxrl_dist.tools.report import ReportError, Run, column, load_run, wall_clock
 
 BOOTSTRAP_REPS = 2000
 GRID_POINTS = 100
@@ -100,7 +102,7 @@ def training_clock(run: Run) -> Optional[list]:
 def job_curve(run: Run, x_key: str) -> Optional[tuple]:
     """`(x, return)` arrays of one job, over its records with a return: x is `env_steps`,
     or (`x_key="wall"`) its `training_clock`; None when a record lacks x."""
-    clock = _column(run.records, "env_steps") if x_key == "env_steps" else training_clock(run)
+    clock = column(run.records, "env_steps") if x_key == "env_steps" else training_clock(run)
     if clock is None:
         return None
     points = [(x, r["return"]) for x, r in zip(clock, run.records)
@@ -158,13 +160,13 @@ def performance_profiles(groups: list, seed: int = 0) -> tuple:
 
 
 def _style(i: int) -> dict:
-    return {"color": _color(i), "marker": MARKERS[i % len(MARKERS)], "linestyle": STYLES[i % len(STYLES)],
+    return {"color": color(i), "marker": MARKERS[i % len(MARKERS)], "linestyle": STYLES[i % len(STYLES)],
             "markevery": max(1, GRID_POINTS // 8)}
 
 
 def plot_curves(groups: list, x_key: str, out: Path, title: str, xlabel: str, rng) -> tuple:
     """One line and band per group; `(path or None, names of groups left out)`."""
-    fig, axes = _figure()
+    fig, axes = figure()
     ax, drawn, left = axes[0, 0], 0, []
     for i, g in enumerate(groups):
         curves = [c for c in (job_curve(r, x_key) for r in g.runs) if c is not None]
@@ -181,11 +183,11 @@ def plot_curves(groups: list, x_key: str, out: Path, title: str, xlabel: str, rn
     ax.set(title=title, xlabel=xlabel, ylabel="return (mean over seeds, 95% bootstrap band)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(fig, out.parent, out.name), left
+    return save(fig, out), left
 
 
 def plot_iqm(groups: list, iqm: dict, out: Path, env_id: str) -> Path:
-    fig, axes = _figure(height=max(2.5, 0.6 * len(iqm) + 1.5))
+    fig, axes = figure(height=max(2.5, 0.6 * len(iqm) + 1.5))
     ax = axes[0, 0]
     labels = [g.label for g in groups if g.label in iqm]
     for i, label in enumerate(labels):
@@ -195,11 +197,11 @@ def plot_iqm(groups: list, iqm: dict, out: Path, env_id: str) -> Path:
     ax.set_yticks(range(len(labels)), labels, fontsize="small")
     ax.set(title=f"{env_id}: IQM of the final return (95% stratified bootstrap)", xlabel="final return")
     ax.grid(alpha=0.3, axis="x")
-    return _save(fig, out.parent, out.name)
+    return save(fig, out)
 
 
 def plot_profiles(groups: list, thresholds, profiles: dict, out: Path, env_id: str) -> Path:
-    fig, axes = _figure()
+    fig, axes = figure()
     ax = axes[0, 0]
     for i, g in enumerate(groups):
         if g.label not in profiles:
@@ -212,7 +214,7 @@ def plot_profiles(groups: list, thresholds, profiles: dict, out: Path, env_id: s
            ylabel="fraction of runs above it", ylim=(-0.02, 1.02))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _save(fig, out.parent, out.name)
+    return save(fig, out)
 
 
 def _num_text(x, spec: str = ".1f") -> str:
@@ -225,18 +227,20 @@ def _mean_of(runs: list, key: str) -> Optional[float]:
     return float(np.mean(values)) if values else None
 
 
+TABLE_HEADERS = ("group", "env", "seeds", "final return (mean)", "IQM [95% CI]", "wall (s, mean)",
+                 "compile (s, mean)")
+
+
 def table(groups: list, iqms: dict) -> list:
-    lines = ["| group | env | seeds | final return (mean) | IQM [95% CI] | wall (s, mean) | compile (s, mean) |",
-             "|---|---|---|---|---|---|---|"]
+    """The lines of `sweep.md`'s markdown table: a row per group."""
+    rows = []
     for g in groups:
         scores = final_scores(g)
         point, low, high = iqms.get(g.label, (None, None, None))
         iqm = "-" if point is None else f"{point:.1f} [{low:.1f}, {high:.1f}]"
-        lines.append(f"| {g.label} | {g.env_id} | {len(g.runs)} | "
-                     f"{_num_text(scores.mean() if len(scores) else None)} | {iqm} | "
-                     f"{_num_text(_mean_of(g.runs, 'wall_seconds'))} | "
-                     f"{_num_text(_mean_of(g.runs, 'compile_seconds'))} |")
-    return lines
+        rows.append([g.label, g.env_id, len(g.runs), _num_text(scores.mean() if len(scores) else None), iqm,
+                     _num_text(_mean_of(g.runs, "wall_seconds")), _num_text(_mean_of(g.runs, "compile_seconds"))])
+    return markdown_table(TABLE_HEADERS, rows).splitlines()
 
 
 def _runs_text(counts: list) -> str:

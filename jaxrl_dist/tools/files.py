@@ -1,0 +1,53 @@
+"""The file helpers the tools and the benchmarks (`bench/`) share, written once: JSON out
+(`write_json`), a markdown table (`markdown_table`) and the records of a JSONL file in
+(`read_jsonl`, with the one rule for a cut-off last line)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+
+def _plain(value):
+    """What `json` cannot write by itself: numpy and JAX scalars and arrays as Python
+    numbers and lists; anything else numeric as a float (else `TypeError`)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return float(value)
+
+
+def write_json(path, data) -> Path:
+    """`data` as indented JSON at `path`, its folder made if need be. Written to a
+    temporary file beside it, then renamed: a process killed mid-write (a suite stopped
+    at its budget) leaves the previous file whole. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_plain) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def markdown_table(headers: Sequence, rows: Sequence[Sequence]) -> str:
+    """A GitHub markdown table (no trailing newline); cells are written with `str`."""
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def read_jsonl(path) -> list:
+    """The values of a JSONL file, one a line, blank lines skipped.
+
+    A last line that does not parse is skipped: a run that was killed or crashed while
+    writing (or is writing now) leaves one, cut off. A line before the last that does
+    not parse is damage, not a cut: `ValueError` naming the file and the line."""
+    lines = [(i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+    out = []
+    for n, (i, line) in enumerate(lines, 1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{i}: not a JSON line") from None
+    return out
