@@ -775,8 +775,3 @@ def _check_kwarg_rule(key: str, name: str, rule: Any) -> None:
                     f"{key}: choices must be plain scalars (no paths), got {c!r}")
         return
     raise ConfigError(f"{key}: expected \"bool\", {{min: A, max: B}} or {{choices: [...]}}, got {rule!r}")
-
-
-def serve_config(data: Optional[dict] = None) -> ServeConfig:
-    """A checked `ServeConfig` from a plain mapping of `serve.*` values."""
-    return typed(ServeConfig, data, "serve.").check()

@@ -1,7 +1,7 @@
 """The package's layers, checked from the source (ast): no import cycle, no module
-importing a layer above its own, and no import of the package's own modules tucked
-into a function (a sign of a concept in the wrong place), except where a module
-defers loading JAX or an optional dependency on purpose."""
+importing a layer above its own, no runtime module importing the tools, and no import
+of the package's own modules tucked into a function (a sign of a concept in the wrong
+place), except where a module defers loading JAX or an optional dependency on purpose."""
 from __future__ import annotations
 
 import ast
@@ -24,6 +24,8 @@ LAYERS = [
     ("tools",),
     ("cli", "__main__"),
 ]
+# what runs a training or serves shards; the tools (used by the CLI and bench/) sit apart
+RUNTIME = ("config", "platform", "registry", "core", "envs", "backends", "scheduling", "trainers", "serve")
 # where a function-local import of the package's own modules is deliberate
 LAZY = {
     "jaxrl_dist": "`import jaxrl_dist` loads nothing heavy (public names resolve on first use)",
@@ -106,6 +108,18 @@ def test_no_import_cycle():
 def test_no_upward_import():
     up = [(m, t) for m, es in EDGES.items() for t, _ in es if level(t) > level(m)]
     assert up == [], up
+
+
+def top(mod: str) -> str:
+    return mod.split(".")[1] if "." in mod else mod
+
+
+def test_the_runtime_never_imports_the_tools():
+    """Whatever the layer order says, no runtime module imports `jaxrl_dist.tools`, not
+    even inside a function: the tools may change without touching a training or a server."""
+    assert set(RUNTIME) <= {top(m) for m in MODS}  # each name still a module or package
+    found = sorted((m, t) for m, es in EDGES.items() for t, _ in es if top(m) in RUNTIME and top(t) == "tools")
+    assert found == [], found
 
 
 def entry(mod: str) -> bool:

@@ -116,7 +116,7 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
     """By default no env kwarg is taken (the Pong-v5 `base_path` that made envpool abort
     is refused naming it); a rule allows a typed, bounded value; a rule for a path-like
     kwarg is a config error."""
-    from jaxrl_dist.config import ConfigError, serve_config
+    from jaxrl_dist.config import ConfigError, ServeConfig
 
     with pytest.raises(ShardError, match=r"^spec\.env_kwargs\.base_path: not allowed for Pong-v5"):
         wire.check_env_kwargs("Pong-v5", {"base_path": "/nonexistent"}, {})
@@ -129,4 +129,4 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
     for rule in ({"base_path": {"choices": ["x"]}}, {"rom_file": "bool"}, {"mode": {"choices": ["/etc"]}},
                  {"img_height": {"min": 1}}):
         with pytest.raises(ConfigError, match=r"^serve\.allowed_env_kwargs\.Pong-v5\."):
-            serve_config({"allowed_env_kwargs": {"Pong-v5": rule}})
+            ServeConfig(allowed_env_kwargs={"Pong-v5": rule}).check()
