@@ -53,7 +53,7 @@ from typing import NamedTuple
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fault proxy lives with the test tools
 from async_vs_sync import RESULTS, WARMUP_UPDATES, stats, throughput  # noqa: E402
-from common import fmt, machine_info, markdown_table, print_table, write_json  # noqa: E402
+from common import fmt, machine_info, markdown_table, print_table, read_jsonl, write_json  # noqa: E402
 
 COMMON = ["env=cartpole", "backend=http", "cost=aws_lambda", "run.progress=false", "run.tensorboard=false",
           "run.target_return=475", "run.stop_at_target=true", "algo.total_timesteps=300000",
@@ -104,7 +104,7 @@ def settings(args) -> list:
 @contextlib.contextmanager
 def instances(n: int, token: str):
     """`n` serve instances on loopback ports; stopped by PID on the way out."""
-    from jaxrl_dist.serve import LocalServer
+    from jaxrl_dist.serve.local import LocalServer
 
     servers = []
     try:
@@ -202,7 +202,7 @@ def run_one(mode: Mode, setting: Setting, seed: int, servers: list, token: str, 
     if code != 0:
         tail = (run_dir / "cli.log").read_text()[-1500:]
         raise RuntimeError(f"{mode.name} {setting.name} seed {seed}: the CLI exited {code}:\n{tail}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(run_dir / "metrics.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
     logs = [json.loads(f.read_text()) for f in sorted(run_dir.glob("proxy*.json"))]
     return {"mode": mode.name, "max_staleness": mode.max_staleness, "instances": len(servers),

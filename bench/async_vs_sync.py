@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt, machine_info, markdown_table, print_table, write_json  # noqa: E402
+from common import fmt, machine_info, markdown_table, print_table, read_jsonl, write_json  # noqa: E402
 
 from jaxrl_dist.platform import configure_cpu  # noqa: E402
 
@@ -97,7 +96,7 @@ def run_one(task: str, mode: str, setting: str, seed: int, root: Path, extra=())
                       + [f"seed={seed}", f"run.dir={run_dir}"] + list(extra))
     with contextlib.redirect_stdout(io.StringIO()):
         summary = train(cfg)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(run_dir / "metrics.jsonl")
     learned = [r for r in records if "staleness_mean" in r]
     hit = next((r for r in records if (r.get("return_recent") or -1e9) >= (cfg.run.target_return or 1e9)), None)
     return {"seed": seed, "sps": throughput(records), "wall_to_target_s": summary.get("wall_to_target_s"),

@@ -34,14 +34,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt, machine_info, markdown_table, measure, print_table, write_json  # noqa: E402
+from common import fmt, machine_info, markdown_table, measure, print_table, read_jsonl, write_json  # noqa: E402
 
 
 from jaxrl_dist.trainers import fused  # noqa: E402
 from jaxrl_dist.cli.compose import load_config  # noqa: E402
 from jaxrl_dist.envs import make_env  # noqa: E402
 from jaxrl_dist.trainers.sync import RoundTrainer  # noqa: E402
-from jaxrl_dist.serve import LocalServer  # noqa: E402
+from jaxrl_dist.serve.local import LocalServer  # noqa: E402
 
 TOKEN = "bench-token"
 LEARN_STEPS = 300_000  # 4 shards x 4 envs x 128 steps: 147 rounds
@@ -159,7 +159,7 @@ def learning_runs(opts, urls) -> list:
             if out.returncode:
                 raise RuntimeError(f"{backend}: {out.stderr[-2000:]}")
             summary = json.loads((Path(tmp) / "summary.json").read_text())
-            records = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+            records = read_jsonl(Path(tmp) / "metrics.jsonl")
         crossing = next((r for r in records if (r["return"] or 0) >= 475), None)
         rows.append({"backend": backend, "final_return": summary["final_return"],
                      "process_wall_s": wall, "train_s": summary["train_seconds"],

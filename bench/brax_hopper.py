@@ -11,13 +11,12 @@ curve (env steps vs the return of each logged update) to JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_info, write_json  # noqa: E402
+from common import machine_info, read_jsonl, write_json  # noqa: E402
 
 from jaxrl_dist import config as config_mod  # noqa: E402
 from jaxrl_dist.cli.compose import load_config  # noqa: E402
@@ -33,7 +32,7 @@ def run(overrides, run_dir: str) -> dict:
     base = [o for o in BASE if not (other_env and o.startswith("env="))]
     cfg = load_config(base + list(overrides) + [f"run.dir={run_dir}"])
     summary = train(cfg, run_dir)
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(Path(run_dir) / "metrics.jsonl")
     curve = {"env_steps": [r["env_steps"] for r in rows], "return": [r.get("return") for r in rows]}
     return {"settings": config_mod.to_dict(cfg), "summary": summary, "curve": curve}
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import math
 import os
 import pty
@@ -24,7 +23,9 @@ import jax  # noqa: E402
 
 use_unrolled_threefry()  # as the CLI does, before anything is traced
 
-# the package's machine description, which `jaxrl-dist bench` records as well
+# the package's machine description, which `jaxrl-dist bench` records as well, and the
+# file helpers the tools share (JSON out, a markdown table, JSONL records in)
+from jaxrl_dist.tools.files import markdown_table, read_jsonl, write_json  # noqa: E402,F401
 from jaxrl_dist.trainers.rundir import machine_info  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,18 +91,6 @@ def measure(fn, make_state, steps_per_call: int, runs: int = 3, min_run_s: float
              "steps_per_run": steps_per_call * reps, "times_s": times, "median_s": median,
              "steps_per_s": steps_per_call * reps / median}
     return stats, auxes
-
-
-def write_json(path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=float) + "\n")
-
-
-def markdown_table(headers, rows) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def in_terminal(cmd: list, env: dict, cwd: Path) -> tuple:

@@ -7,7 +7,7 @@
 # A device session has about 15 minutes in all and a call at most 10, so the suite runs
 # as two calls of this script, each under its own budget (`--budget-s`, default 480 s),
 # both on bench/out/gpu with `--resume`: the second call runs the cases the first did
-# not reach (priority order: `jaxrl_dist.benchmark.ORDER`), and a case the first killed
+# not reach (priority order: `jaxrl_dist.tools.benchmark.ORDER`), and a case the first killed
 # at the budget keeps the figures of the chunks it finished. A warm machine keeps
 # bench/out/gpu between calls; carried, it resumes on a fresh machine too:
 #

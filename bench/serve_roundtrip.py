@@ -19,7 +19,7 @@ import numpy as np
 from jaxrl_dist.backends import shard, wire
 from jaxrl_dist.config import from_dict
 from jaxrl_dist.platform import use_unrolled_threefry
-from jaxrl_dist.serve import LocalServer
+from jaxrl_dist.serve.local import LocalServer
 
 TOKEN = "bench-token"
 

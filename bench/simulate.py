@@ -1,4 +1,4 @@
-"""The discrete-event simulator (`jaxrl_dist.scheduling.simulate`) calibrated on
+"""The discrete-event simulator (`jaxrl_dist.tools.simulate`) calibrated on
 measured runs, checked on held-out ones, then asked about remote actors at scale.
 
 Measured runs: `bench/results/async_remote.json` (sync and async over the HTTP
@@ -41,7 +41,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt, machine_info, markdown_table, write_json  # noqa: E402
 
-from jaxrl_dist.scheduling.simulate import (Machine, Measured, Point, Workload, calibrate,  # noqa: E402
+from jaxrl_dist.tools.simulate import (Machine, Measured, Point, Workload, calibrate,  # noqa: E402
                                             predict, relative_error)
 
 RESULTS = Path(__file__).resolve().parent / "results"
