@@ -68,9 +68,9 @@ def params(run: Path):
     import jax
     import numpy as np
 
-    from jaxrl_dist.evaluation import _raw_checkpoint
+    from jaxrl_dist.evaluation import latest_state
 
-    return [np.asarray(x) for x in jax.tree.leaves(_raw_checkpoint(run)[1]["train"]["params"])]
+    return [np.asarray(x) for x in jax.tree.leaves(latest_state(run)[1].train.params)]
 
 
 def same(work: Path) -> dict:

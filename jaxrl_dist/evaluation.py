@@ -31,7 +31,9 @@ from jaxrl_dist.core import normalize
 from jaxrl_dist.core.networks import make_network
 from jaxrl_dist.core.types import RunningMoments
 from jaxrl_dist.envs import make_env
-from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, load_run_config
+from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, load_run_config
+from jaxrl_dist.trainers.rounds import state_template as shard_template
+from jaxrl_dist.trainers.runner import state_template as fused_template
 
 EVAL_FILE = "eval.json"
 VIDEO_FILE = "eval.mp4"  # episode 0, with eval.video=true
@@ -51,25 +53,32 @@ class Policy(NamedTuple):
         return self.act(obs, key)
 
 
-def _raw_checkpoint(run_dir: Path) -> tuple:
-    """`(step, tree)`: the latest checkpoint as saved (nested dicts of arrays)."""
-    import orbax.checkpoint as ocp
+def saved_state(cfg: Config, run_dir) -> tuple:
+    """`(step, state)`: the run's latest checkpoint, restored by its checkpointer into the
+    trainer's own state type (`RunnerState` for fused, `ShardState` for sync and async),
+    on one device: a data-parallel run's state was saved sharded over devices this
+    process may not have."""
+    ckpt = Checkpointer(Path(run_dir))
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            raise ConfigError(f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}")
+        if cfg.trainer.name == "fused":
+            env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
+                           cfg.env.num_threads, cfg.env.kwargs)
+            template = fused_template(cfg, env)
+        else:
+            template = shard_template(cfg)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        on_one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), template)
+        return step, ckpt.restore(on_one, step)
+    finally:
+        ckpt.close()
 
-    root = Path(run_dir).resolve() / CHECKPOINT_SUBDIR
-    steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit()) if root.is_dir() else []
-    if not steps:
-        raise ConfigError(f"{run_dir}: no checkpoint in {root}")
-    path = root / str(steps[-1]) / "default"
-    # as host arrays: a data-parallel run's state was saved sharded over devices this
-    # process may not have
-    with ocp.PyTreeCheckpointer() as ckptr:
-        # the item's tree from its handler: the checkpointer's own `metadata` also reads
-        # a step file (`_CHECKPOINT_METADATA`) that the manager wrote one level up, and
-        # warns that it is missing here
-        meta = ckptr.handler.metadata(path)
-        tree = getattr(meta, "tree", meta)
-        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        return steps[-1], ckptr.restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+
+def latest_state(run_dir) -> tuple:
+    """`saved_state` of a run directory, with the config it was started with."""
+    return saved_state(load_run_config(Path(run_dir)), run_dir)
 
 
 def merge_moments(mean, var, count) -> RunningMoments:
@@ -83,21 +92,19 @@ def merge_moments(mean, var, count) -> RunningMoments:
                           jnp.asarray(count.sum(), jnp.float32))
 
 
-def _params_and_moments(cfg: Config, tree: dict, seed_index: int) -> tuple:
-    """The params and observation moments of one policy, whatever trainer saved `tree`."""
-    params = tree["train"]["params"]
+def _params_and_moments(cfg: Config, state, seed_index: int) -> tuple:
+    """The params and observation moments of one policy from a trainer's restored state."""
+    params = state.train.params
     if cfg.trainer.name == "fused":
         if not 0 <= seed_index < cfg.num_seeds:
             raise ConfigError(f"seed_index: {seed_index} is not one of the run's {cfg.num_seeds} seeds")
-        params = jax.tree.map(lambda x: x[seed_index], params)
-        m = tree["actor"]["norm"]["obs"]
-        return params, RunningMoments(*(jnp.asarray(m[k][seed_index]) for k in ("mean", "var", "count")))
-    table = tree.get("table")
-    if not table:
+        pick = lambda x: jnp.asarray(x)[seed_index]  # noqa: E731
+        return jax.tree.map(pick, params), jax.tree.map(pick, state.actor.norm.obs)
+    if state.table is None:
         return params, None  # sticky (envpool) slots: statistics stay on the workers
-    m = table["data"]["norm"]["obs"] if "data" in table else table["norm"]["obs"]
-    flat = lambda x: np.asarray(x).reshape((-1,) + np.asarray(x).shape[2:])  # noqa: E731 [M, 1, ...]
-    return params, merge_moments(flat(m["mean"]), flat(m["var"]), np.asarray(m["count"]).reshape(-1))
+    m = state.table.norm.obs  # `[M, 1, ...]`: one set per slot
+    flat = lambda x: np.asarray(x).reshape((-1,) + np.asarray(x).shape[2:])  # noqa: E731
+    return params, merge_moments(flat(m.mean), flat(m.var), np.asarray(m.count).reshape(-1))
 
 
 def _act_fn(network, spec, moments, clip_obs: float, deterministic: bool):
@@ -127,8 +134,8 @@ def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Pol
     spec = env.spec
     a = cfg.algo
     network = make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
-    step, tree = _raw_checkpoint(run_dir)
-    params, moments = _params_and_moments(cfg, tree, seed_index)
+    step, state = saved_state(cfg, run_dir)
+    params, moments = _params_and_moments(cfg, state, seed_index)
     normalise = derive(cfg, continuous=not spec.discrete).normalize_obs
     if normalise and moments is None:
         raise ConfigError(f"{run_dir}: its observation statistics stayed on the envpool workers "

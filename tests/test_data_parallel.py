@@ -150,9 +150,9 @@ def test_launch_stops_the_others_when_a_process_dies(tmp_path):
 def _params(run_dir: Path) -> np.ndarray:
     from jax.flatten_util import ravel_pytree
 
-    from jaxrl_dist.evaluation import _raw_checkpoint
+    from jaxrl_dist.evaluation import latest_state
 
-    return np.asarray(ravel_pytree(_raw_checkpoint(run_dir)[1]["train"]["params"])[0])
+    return np.asarray(ravel_pytree(latest_state(run_dir)[1].train.params)[0])
 
 
 TEN_UPDATES = ["trainer=fused", "algo.total_timesteps=10240", "env.num_envs=32", "algo.num_steps=32",
@@ -192,7 +192,7 @@ import json, sys
 import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxrl_dist.config import from_dict
-from jaxrl_dist.evaluation import _raw_checkpoint
+from jaxrl_dist.evaluation import latest_state
 from jaxrl_dist.trainers.runner import train
 out = {}
 for d in (1, 2):
@@ -200,7 +200,7 @@ for d in (1, 2):
                      "num_steps": 32}, "backend": {"name": "local", "envs_per_shard": 8},
                      "scheduler": {"name": "fixed", "num_shards": 4}, "run": {"progress": False}})
     train(cfg, f"{sys.argv[1]}/{d}")
-    out[d] = np.asarray(ravel_pytree(_raw_checkpoint(f"{sys.argv[1]}/{d}")[1]["train"]["params"])[0]).tolist()
+    out[d] = np.asarray(ravel_pytree(latest_state(f"{sys.argv[1]}/{d}")[1].train.params)[0]).tolist()
 print(json.dumps(out))
 """
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=forced(2), capture_output=True,

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jaxrl_dist.config import TRACED, from_dict, key_kind
-from jaxrl_dist.evaluation import _raw_checkpoint
+from jaxrl_dist.evaluation import latest_state
 from jaxrl_dist.trainers.group import plan, train_group
 from jaxrl_dist.trainers.runner import train
 from test_cli import run_cli
@@ -31,7 +31,7 @@ def job(run_dir, seed=0, num_seeds=1, algo=(), **run):
 
 
 def params(run_dir):
-    return jax.tree.leaves(_raw_checkpoint(run_dir)[1]["train"]["params"])
+    return jax.tree.leaves(latest_state(run_dir)[1].train.params)
 
 
 def largest_difference(a, b) -> float:

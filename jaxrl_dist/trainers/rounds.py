@@ -93,6 +93,20 @@ def fresh_state(cfg: Config, program: ShardProgram, learner, counts: bool) -> Sh
                       counts=np.zeros((M,), np.int32) if counts else None, clock=fresh_clock())
 
 
+def state_template(cfg: Config) -> ShardState:
+    """What a sync or async run of `cfg` checkpoints, as shapes and dtypes (nothing is
+    initialised): the template `Checkpointer.restore` reads it into."""
+    program = shard_program(cfg)
+    learner = make_learner(cfg, program.network, program.env.spec, 1.0)  # the schedule sets no shape
+    table = None if program.spec.sticky else jax.eval_shape(
+        lambda: init_table(program, cfg.seed, cfg.backend.max_shards).data)
+    M = cfg.backend.max_shards
+    counts = jax.ShapeDtypeStruct((M,), np.int32) if cfg.trainer.name == "async" else None
+    return ShardState(train=jax.eval_shape(lambda: init_train(learner, cfg.seed)), table=table,
+                      round=jax.ShapeDtypeStruct((), np.int32), counts=counts,
+                      clock=jax.ShapeDtypeStruct(fresh_clock().shape, np.float64))
+
+
 def limit_reason(cfg: Config, r: int, env_steps: int) -> Optional[str]:
     """The step or round budget spent before round (or update) `r`, or None."""
     if env_steps >= cfg.algo.total_timesteps:

@@ -18,6 +18,7 @@ writes (the end-of-run one too: ~0.1 s of orbax however small the state),
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import time
@@ -51,6 +52,17 @@ def _init_runner(setup, env, seed: int):
     where = None if setup.mesh is None else fused.runner_shardings(setup, env)
     # the coefficients are an argument, so a new value is not a new program
     return jax.jit(functools.partial(fused.init_runner, setup, env, seed), out_shardings=where)(hyper=setup.hyper)
+
+
+def state_template(cfg: Config, env):
+    """What a fused run of `cfg` on `env` (`env.num_envs` = every seed's envs) checkpoints,
+    as shapes and dtypes on one device: the template `Checkpointer.restore` reads it into.
+    envpool resets on the host, so its template is a real fresh state."""
+    one = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, devices="1"))
+    setup = fused.make_setup(one, env.spec)
+    if checkpoint.host_env_state(env.spec):
+        return fused.init_runner(setup, env, cfg.seed)
+    return jax.eval_shape(functools.partial(fused.init_runner, setup, env, cfg.seed))
 
 
 def _start_runner(setup, env, ckpt, cfg: Config, resuming: bool):
