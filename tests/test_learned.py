@@ -201,7 +201,8 @@ def test_features_from_records_hand_checked():
     assert dict(zip(mdp.FEATURES, empty))["budget_left"] == 0.5
     assert dict(zip(mdp.FEATURES, empty))["time_left"] == 0.25
     def rec(recent, loss, kl, busy, n):
-        return Record(1, 0, None, {"loss": loss, "approx_kl": kl}, None, (0.0,), (0.0,), n,
+        return Record(update=1, env_steps=0, ret=None, losses={"loss": loss, "approx_kl": kl}, sps=None,
+                      episode_return_sum=(0.0,), episodes=(0.0,), num_shards=n,
                       learn_s=1.0, round_s=4.0, busy_s=busy, return_recent=recent)
 
     history = [rec(100.0, 1.0, 0.01, 1.0, 8), rec(None, 0.0, 0.0, 2.0, 4)]
@@ -219,7 +220,8 @@ def test_running_scale_hand_checked():
     s = mdp.Scale(0.0, 500.0, 60, 16)
 
     def rec(recent):
-        return Record(1, 0, None, {}, None, (0.0,), (0.0,), 4, learn_s=1.0, round_s=4.0, return_recent=recent)
+        return Record(update=1, env_steps=0, ret=None, losses={}, sps=None, episode_return_sum=(0.0,), episodes=(0.0,),
+                      num_shards=4, learn_s=1.0, round_s=4.0, return_recent=recent)
 
     def ret(history, min_return=None):
         scale = learned.running_scale(s, history, min_return)

@@ -25,7 +25,8 @@ def sched(name: str, backend_max: int = 8, **keys):
 
 def returns(*values) -> list:
     """A history of round records with these returns."""
-    return [Record(i + 1, 0, v, {}, None, (0.0,), (0.0,), num_shards=1) for i, v in enumerate(values)]
+    return [Record(update=i + 1, env_steps=0, ret=v, losses={}, sps=None, episode_return_sum=(0.0,), episodes=(0.0,),
+                   num_shards=1) for i, v in enumerate(values)]
 
 
 def sequence(s, rounds: int, history=()) -> list:

@@ -86,7 +86,8 @@ def test_a_log_gets_plain_lines_with_the_trained_total_and_a_recent_return(tmp_p
 
 def record(update: int, ret_sum: float, episodes: float, steps: int = 512) -> Record:
     ret = ret_sum / episodes if episodes else None
-    return Record(update, update * steps, ret, {}, 1000.0, (ret_sum,), (episodes,))
+    return Record(update=update, env_steps=update * steps, ret=ret, losses={}, sps=1000.0, episode_return_sum=(ret_sum,),
+                  episodes=(episodes,))
 
 
 class Shown:
@@ -127,7 +128,7 @@ def test_a_round_run_total_is_the_steps_its_rounds_come_to():
     shown = Shown()
     bar = progress.Progress(0, budget=progress.RoundBudget(5000, None, 1024), display=shown)
     assert bar.total == 5120
-    bar.update([Record(1, 1536, None, {}, None, (0.0,), (0.0,))])  # a round of 1,536 steps
+    bar.update([Record(update=1, env_steps=1536, ret=None, losses={}, sps=None, episode_return_sum=(0.0,), episodes=(0.0,))])  # a round of 1,536 steps
     bar.finish()  # stopped early (a target): the steps done are the total
     assert shown.seen == [(1536, 1536 + 3 * 1536, None), (1536, 1536, None)]
 

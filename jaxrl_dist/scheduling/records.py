@@ -19,7 +19,7 @@ from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS
 LOSS_KEYS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cost:
     """A round's (or async update's) modeled cost and both clocks' running totals."""
 
@@ -45,11 +45,12 @@ def cost_from_json(d: Mapping) -> Optional[Cost]:
     if "cum_modeled_s" not in d:
         return None
     parts = {k: d[k] for k in d if (k.startswith("modeled_") and k != "modeled_s") or k in USD_KEYS}
-    return Cost(d["modeled_s"], d["cost_usd"], d["cum_modeled_s"], d["cum_cost_usd"], d["cum_wall_s"],
-                d.get("cold_shards", 0), parts)
+    return Cost(modeled_s=d["modeled_s"], usd=d["cost_usd"], cum_modeled_s=d["cum_modeled_s"],
+                cum_usd=d["cum_cost_usd"], cum_wall_s=d["cum_wall_s"], cold_shards=d.get("cold_shards", 0),
+                components=parts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
     """One update. Episode sums are per seed (one entry for the shard trainers);
     `num_shards` counts the shards (sync) or chunks (async) learned from, 0 for the
@@ -111,11 +112,13 @@ class Record:
                  "return_recent", *LOSS_KEYS, *_COST_KEYS}
         cost = cost_from_json(d)
         parts = set(cost.components) if cost is not None else set()
-        return cls(d["update"], d["env_steps"], d.get("return"), {k: d[k] for k in LOSS_KEYS if k in d},
-                   d.get("sps"), tuple(d["episode_return_sum"]), tuple(d["episodes"]),
-                   d.get("num_shards", 0), d.get("time"), d.get("learn_s", 0.0), d.get("round_s", 0.0),
-                   d.get("busy_s"), d.get("retries", 0), d.get("slot_resets", 0), cost,
-                   d.get("return_recent"), {k: v for k, v in d.items() if k not in known | parts})
+        return cls(update=d["update"], env_steps=d["env_steps"], ret=d.get("return"),
+                   losses={k: d[k] for k in LOSS_KEYS if k in d}, sps=d.get("sps"),
+                   episode_return_sum=tuple(d["episode_return_sum"]), episodes=tuple(d["episodes"]),
+                   num_shards=d.get("num_shards", 0), time=d.get("time"), learn_s=d.get("learn_s", 0.0),
+                   round_s=d.get("round_s", 0.0), busy_s=d.get("busy_s"), retries=d.get("retries", 0),
+                   slot_resets=d.get("slot_resets", 0), cost=cost, return_recent=d.get("return_recent"),
+                   detail={k: v for k, v in d.items() if k not in known | parts})
 
 
 def steps_done(records, steps_per_shard: int) -> int:

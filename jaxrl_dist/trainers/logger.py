@@ -57,9 +57,9 @@ def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: 
     records = []
     for k, ret in enumerate(returns):
         update = first_update + k
-        records.append(Record(update, update * steps_per_update, ret,
-                              {name: nan_to_none(losses[name][k]) for name in losses}, nan_to_none(sps),
-                              tuple(sums[k]), tuple(episodes[k])))
+        records.append(Record(update=update, env_steps=update * steps_per_update, ret=ret,
+                              losses={name: nan_to_none(losses[name][k]) for name in losses},
+                              sps=nan_to_none(sps), episode_return_sum=tuple(sums[k]), episodes=tuple(episodes[k])))
     return records
 
 
