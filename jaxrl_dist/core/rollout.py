@@ -83,6 +83,18 @@ def make_policy_step(apply_fn: Callable, spec, opts: RolloutOptions):
     return policy
 
 
+def _update_norm(opts: RolloutOptions, norm, raw_obs, reward, done, gamma):
+    """The step's normaliser statistics and its (scaled, when on) flat `[N]` rewards."""
+    S = opts.num_seeds
+    if opts.normalize_obs:
+        norm = norm._replace(obs=jax.vmap(normalize.update_moments)(norm.obs, _by_seed(raw_obs, S)))
+    if opts.normalize_reward:
+        norm, reward = jax.vmap(normalize.scale_reward, (0, 0, 0, 0, None))(
+            norm, _by_seed(reward, S), _by_seed(done, S), gamma, opts.clip_reward)
+        return norm, _flat(reward)
+    return norm, reward
+
+
 def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
     """Build `rollout(params[S], actor, key[S], gamma[S]=None) -> (actor, traj[T,S,B], last_value[S,B])`.
 
@@ -100,15 +112,6 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
         obs = _by_seed(obs, S)
         return norm_obs(norm.obs, obs, opts.clip_obs) if opts.normalize_obs else obs
 
-    def update_norm(norm, raw_obs, reward, done, gamma):
-        if opts.normalize_obs:
-            norm = norm._replace(obs=jax.vmap(normalize.update_moments)(norm.obs, _by_seed(raw_obs, S)))
-        if opts.normalize_reward:
-            norm, reward = jax.vmap(normalize.scale_reward, (0, 0, 0, 0, None))(
-                norm, _by_seed(reward, S), _by_seed(done, S), gamma, opts.clip_reward)
-            return norm, _flat(reward)
-        return norm, reward
-
     def env_step(params, actor: ActorState, keys, gamma):
         step_keys = jax.vmap(jax.random.split)(keys)  # [S, 2]
         obs = observe(actor.norm, actor.obs)
@@ -118,7 +121,7 @@ def make_rollout(env, apply_fn: Callable, opts: RolloutOptions):
         env_keys = jax.vmap(lambda k: jax.random.split(k, env_action.shape[1]))(step_keys[:, 1])
         env_state, out = env.step(actor.env_state, _flat(env_action), _flat(env_keys))
         episodes, done_return, ended = track_episodes(actor.episodes, out)
-        norm, reward = update_norm(actor.norm, out.obs, out.reward, out.terminated | out.truncated, gamma)
+        norm, reward = _update_norm(opts, actor.norm, out.obs, out.reward, out.terminated | out.truncated, gamma)
         final_obs = None if spec.delayed_reset else observe(norm, out.final_obs)
         tr = Transition(obs=obs, final_obs=final_obs, action=action, log_prob=logp, value=value,
                         reward=_by_seed(reward, S), terminated=_by_seed(out.terminated, S),
