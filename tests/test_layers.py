@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from package_graph import edges, modules
 
 PKG = Path(__file__).resolve().parents[1] / "jaxrl_dist"
 
@@ -35,16 +36,7 @@ LAZY = {
 MAX_CLI_LOCAL_IMPORTS = 10
 
 
-def modules() -> dict:
-    out = {}
-    for f in PKG.rglob("*.py"):
-        rel = f.relative_to(PKG.parent).with_suffix("")
-        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        out[".".join(parts)] = f
-    return out
-
-
-MODS = modules()
+MODS = modules(PKG)
 
 
 def level(mod: str) -> int:
@@ -54,32 +46,7 @@ def level(mod: str) -> int:
     return next(i for i, names in enumerate(LAYERS) if top in names)
 
 
-def targets(mod: str, node) -> list:
-    """The package modules an import statement loads."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    else:
-        base = node.module or ""
-        if node.level:
-            here = mod.split(".") if MODS[mod].name == "__init__.py" else mod.split(".")[:-1]
-            base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODS else base for a in node.names]
-    return [n for n in names if n in MODS]
-
-
-def edges() -> dict:
-    """`{module: {(target, local)}}`: `local` for an import inside a function."""
-    out = {}
-    for mod, path in MODS.items():
-        tree = ast.parse(path.read_text())
-        local = {id(n) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 for n in ast.walk(fn)}
-        out[mod] = {(t, id(node) in local) for node in ast.walk(tree)
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) for t in targets(mod, node) if t != mod}
-    return out
-
-
-EDGES = edges()
+EDGES = edges(PKG)
 
 
 def test_every_module_has_a_layer():
@@ -139,3 +106,16 @@ def test_the_entry_package_defers_few_imports():
 @pytest.mark.parametrize("mod", sorted(LAZY))
 def test_lazy_modules_exist(mod):
     assert mod in MODS
+
+
+MAX_FUNCTION_LINES = 50
+
+
+def test_no_function_over_50_lines():
+    """Short functions (the design's rule): a longer one is split where its steps are."""
+    import ast
+
+    long = [f"{mod}.{fn.name}: {fn.end_lineno - fn.lineno + 1} lines" for mod, path in MODS.items()
+            for fn in ast.walk(ast.parse(path.read_text()))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
