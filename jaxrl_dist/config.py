@@ -624,6 +624,15 @@ def from_omegaconf(node) -> "Config":
     return _tuples(obj)
 
 
+def from_job(node, used_keys: Sequence[str] = ()) -> "Config":
+    """The checked `Config` of a composed Hydra job config (`from_omegaconf`, `check`, and
+    `check_used` on the keys the job's overrides set): compose, then validate once."""
+    cfg = from_omegaconf(node)
+    cfg.check()
+    cfg.check_used(used_keys)
+    return cfg
+
+
 def typed(schema_obj, data, prefix: str = ""):
     """A dataclass (the class, or an instance whose field types and defaults to start from)
     filled from a plain mapping by OmegaConf's typed merge; `ConfigError` names

@@ -32,8 +32,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, distributed_config, from_omegaconf,
-                               to_dict, validate)
+from jaxrl_dist.config import SCHEMAS, Config, ConfigError, distributed_config, from_job, to_dict
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
 
@@ -63,10 +62,9 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
     """The `Config` of a composed job config, validated once (`ConfigError` names the key)."""
     job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     try:
-        config = validate(from_omegaconf(job))
+        config = from_job(job, override_keys(overrides))
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
-    config.check_used(override_keys(overrides))
     if not config.run.resume:  # a resumed run checks the config saved with it
         from jaxrl_dist.envs import resolve_suite  # the env suites import JAX
 

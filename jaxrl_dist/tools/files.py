@@ -1,11 +1,14 @@
 """The file helpers the tools and the benchmarks (`bench/`) share, written once: JSON out
 (`write_json`), a markdown table (`markdown_table`) and the records of a JSONL file in
-(`read_jsonl`, with the one rule for a cut-off last line)."""
+(`read_jsonl`, with the one rule for a cut-off last line: the run logger's own, which a
+resumed run reads its history with)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Sequence
+
+from jaxrl_dist.trainers.logger import read_jsonl
 
 
 def _plain(value):
@@ -35,19 +38,4 @@ def markdown_table(headers: Sequence, rows: Sequence[Sequence]) -> str:
     return "\n".join(lines)
 
 
-def read_jsonl(path) -> list:
-    """The values of a JSONL file, one a line, blank lines skipped.
-
-    A last line that does not parse is skipped: a run that was killed or crashed while
-    writing (or is writing now) leaves one, cut off. A line before the last that does
-    not parse is damage, not a cut: `ValueError` naming the file and the line."""
-    lines = [(i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
-    out = []
-    for n, (i, line) in enumerate(lines, 1):
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            if n == len(lines):
-                break
-            raise ValueError(f"{path}:{i}: not a JSON line") from None
-    return out
+__all__ = ["write_json", "markdown_table", "read_jsonl"]

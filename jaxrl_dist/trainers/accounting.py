@@ -141,16 +141,18 @@ class CostFigures(NamedTuple):
         return {**{k: v for k, v in out.items() if k != "components"}, **self.components}
 
 
-def cost_figures(cfg, records: list, stop_reason: Optional[str]) -> CostFigures:
-    """`CostFigures` of a run's round records."""
+def cost_figures(records: list, stop_reason: Optional[str], cost_preset: str,
+                 target_return: Optional[float]) -> CostFigures:
+    """`CostFigures` of a run's round records (`cost_preset`: `cost.name`; `target_return`:
+    `run.target_return`)."""
     costs = [rec.cost for rec in records if rec.cost is not None]
     last = costs[-1] if costs else None
-    hit = next((rec.cost for rec in records if reached(rec, cfg.run.target_return)), None)
+    hit = next((rec.cost for rec in records if reached(rec, target_return)), None)
     at = lambda attr: None if hit is None else getattr(hit, attr)  # noqa: E731
     keys = [f"modeled_{k}" for k in TIME_KEYS] + list(USD_KEYS)
     return CostFigures(
-        stop_reason=stop_reason, cost_preset=cfg.cost.name, cost_usd=last.cum_usd if last else 0.0,
-        modeled_seconds=last.cum_modeled_s if last else 0.0, target_return=cfg.run.target_return,
+        stop_reason=stop_reason, cost_preset=cost_preset, cost_usd=last.cum_usd if last else 0.0,
+        modeled_seconds=last.cum_modeled_s if last else 0.0, target_return=target_return,
         time_to_target_s=at("cum_modeled_s"), wall_to_target_s=at("cum_wall_s"),
         cost_to_target_usd=at("cum_usd"),
         components={k: sum(c.components.get(k, 0.0) for c in costs) for k in keys})

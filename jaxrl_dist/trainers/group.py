@@ -221,8 +221,6 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
     for cfg, run_dir in zip(cfgs, run_dirs):
         cfg, run_dir, _ = prepare_run(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, progress=False)),
                                       run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.save_run_config(run_dir, to_dict(cfg))
         members.append(Member(cfg, run_dir, lo, lo + cfg.num_seeds))
         lo += cfg.num_seeds
     first = members[0].cfg

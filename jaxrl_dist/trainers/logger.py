@@ -87,12 +87,29 @@ def final_returns(records: list, num_updates: int, fraction: float = 0.1):
     return seed_mean(per_seed), [nan_to_none(x) for x in per_seed]
 
 
+def read_jsonl(path) -> list:
+    """The values of a JSONL file, one a line, blank lines skipped.
+
+    A last line that does not parse is skipped: a run that was killed or crashed while
+    writing (or is writing now) leaves one, cut off. A line before the last that does
+    not parse is damage, not a cut: `ValueError` naming the file and the line."""
+    lines = [(i, line) for i, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+    out = []
+    for n, (i, line) in enumerate(lines, 1):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break
+            raise ValueError(f"{path}:{i}: not a JSON line") from None
+    return out
+
+
 def read_records(path: Path, upto: Optional[int] = None) -> list:
     """Records of `metrics.jsonl` (those with `update <= upto` if given)."""
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if upto is None or r["update"] <= upto]
+    return [r for r in read_jsonl(path) if upto is None or r["update"] <= upto]
 
 
 def truncate_records(path: Path, upto: int) -> list:

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrl_dist.backends import BackendError, SlotTable, make_backend, wire
 from jaxrl_dist.backends.shard import ShardProgram, slot_init_key, spec_from_config
-from jaxrl_dist.config import Config, to_dict
+from jaxrl_dist.config import Config
 from jaxrl_dist.core.learner import init_train, make_learner
 from jaxrl_dist.core.types import TrainState
 from jaxrl_dist.envs import resolve_suite
@@ -265,15 +265,12 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         rounds=RoundFigures(backend=cfg.backend.name, scheduler=own.pop("scheduler"), rounds=rounds,
                             retries=sum(rec.retries for rec in records),
                             slot_resets=sum(rec.slot_resets for rec in records)),
-        cost=cost_figures(cfg, records, trainer.stop_reason), **own)
+        cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return), **own)
 
 
 def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type) -> RunSummary:
     """Train with a round-based trainer (`trainer_cls`, a `ShardTrainer` subclass);
     called by `runner.train` for `trainer=sync` and `trainer=async`."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming:
-        checkpoint.save_run_config(run_dir, to_dict(cfg))
     t = _train(cfg, run_dir, resuming, t_start, trainer_cls)
     summary = _summary(cfg, t, t_start)
     finish_run(run_dir, summary, t.tracker)

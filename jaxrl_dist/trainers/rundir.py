@@ -185,7 +185,8 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     """Resolve the run directory and, for `run.resume`, the saved config.
 
     A resumed run takes its directory's `config.yaml`; only `run.progress` and
-    `run.compile_cache` (which cannot change results) come from `cfg`.
+    `run.compile_cache` (which cannot change results) come from `cfg`. A fresh run's
+    config is saved there (`config.yaml`), by the first process of a multi-process run.
     Returns `(cfg, run_dir, resuming)`.
     """
     if cfg.run.resume:
@@ -197,17 +198,20 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
         return dataclasses.replace(saved, run=run), run_dir, True
     run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
     check_usable(run_dir)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
     if jax.process_index() == 0:  # the other processes of a multi-process run join it
         check_fresh(run_dir)
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir))), run_dir, False
+        checkpoint.save_run_config(run_dir, to_dict(cfg))
+    return cfg, run_dir, False
 
 
 
 def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int, history=(), budget=None):
     """The run's `MetricsLogger` and its tracker (None unless `logger.wandb`); `history`
     and `budget` as `MetricsLogger` takes them."""
-    tracker = open_tracker(cfg, run_dir)
-    hparams = flat(without_secrets(to_dict(cfg)))
+    config = without_secrets(to_dict(cfg))
+    tracker = open_tracker(cfg.logger, config, run_dir)
+    hparams = flat(config)
     logger = MetricsLogger(run_dir, total_steps, done_steps, cfg.run.tensorboard, cfg.run.progress,
                            tracker, hparams, history=history, budget=budget)
     return logger, tracker

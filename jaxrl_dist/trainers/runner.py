@@ -27,7 +27,7 @@ from pathlib import Path
 
 import jax
 
-from jaxrl_dist.config import Config, to_dict
+from jaxrl_dist.config import Config
 from jaxrl_dist.envs import make_env
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import AsyncTrainer
@@ -223,9 +223,6 @@ def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
     env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
                    cfg.env.num_threads, cfg.env.kwargs)
     setup = fused.make_setup(cfg, env.spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not resuming and distributed.is_primary():
-        checkpoint.save_run_config(run_dir, to_dict(cfg))
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
     ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every, cfg.run.checkpoint_every_s)

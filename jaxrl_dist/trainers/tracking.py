@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from jaxrl_dist.config import Config, ConfigError, to_dict, without_secrets
+from jaxrl_dist.config import ConfigError, LoggerConfig
 
 WANDB_ID_FILE = "wandb_id"
 
@@ -44,16 +44,17 @@ def thin(lines: list, at_most: int) -> list:
 class WandbTracker:
     """One W&B run for one training run."""
 
-    def __init__(self, cfg: Config, run_dir: Path):
+    def __init__(self, lg: LoggerConfig, config: dict, run_dir: Path):
+        """`lg`: the run's `logger.*` keys; `config`: the run's whole config as a nested
+        dict, its secrets left out (`config.without_secrets`): a secret never leaves the
+        machine."""
         try:
             import wandb
         except ImportError:
             raise ConfigError("logger.wandb: the wandb package is not installed "
                               "(pip install 'jaxrl-dist[wandb]')") from None
-        lg = cfg.logger
         id_file = Path(run_dir) / WANDB_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
-        config = without_secrets(to_dict(cfg))  # a secret never leaves the machine
         self.run = wandb.init(project=lg.wandb_project, entity=lg.wandb_entity, group=lg.wandb_group,
                               mode=lg.wandb_mode, dir=str(run_dir), id=run_id, resume="allow",
                               name=Path(run_dir).name, config=config, reinit="create_new",
@@ -78,6 +79,6 @@ class WandbTracker:
         self.run.finish()
 
 
-def open_tracker(cfg: Config, run_dir: Path) -> Optional[WandbTracker]:
-    """The tracker `cfg.logger` asks for, or None."""
-    return WandbTracker(cfg, run_dir) if cfg.logger.wandb else None
+def open_tracker(lg: LoggerConfig, config: dict, run_dir: Path) -> Optional[WandbTracker]:
+    """The tracker the `logger.*` keys `lg` ask for, or None (`config` as `WandbTracker` takes it)."""
+    return WandbTracker(lg, config, run_dir) if lg.wandb else None
