@@ -217,6 +217,28 @@ def _ffmpeg_without_preexec():
             os.environ.pop(_NO_PREEXEC, None)
 
 
+class EvalResult(NamedTuple):
+    """What `jaxrl-dist eval` measured (`eval.json`); an episode still running after
+    `max_steps` has a null return and counts in `episodes`, not `episodes_ended`."""
+
+    env_id: str
+    checkpoint_step: int
+    episodes: int
+    deterministic: bool
+    seed: int
+    seed_index: int
+    mean_return: Optional[float]  # over the episodes that ended
+    std_return: Optional[float]
+    episodes_ended: int
+    returns: list
+    lengths: list
+    video: Optional[str] = None  # the MP4's path, with `eval.video=true`
+    video_frames: Optional[int] = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self._asdict().items() if v is not None or not k.startswith("video")}
+
+
 def evaluate(run_dir, opts) -> dict:
     """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`); writes
     and returns `RUN_DIR/eval.json`."""
@@ -227,18 +249,15 @@ def evaluate(run_dir, opts) -> dict:
         raise ConfigError(f"eval.video: the {cfg.env.suite} env {cfg.env.id} cannot render")
     returns, lengths, frames = run_episodes(env, policy, opts.seed, opts.max_steps, opts.video)
     ended = ~np.isnan(returns)
-    result = {
-        "env_id": cfg.env.id, "checkpoint_step": policy.step, "episodes": int(opts.episodes),
-        "deterministic": bool(opts.deterministic), "seed": int(opts.seed),
-        "seed_index": int(opts.seed_index),
-        "mean_return": float(returns[ended].mean()) if ended.any() else None,
-        "std_return": float(returns[ended].std()) if ended.any() else None,
-        "episodes_ended": int(ended.sum()),
-        "returns": [None if math.isnan(r) else float(r) for r in returns],
-        "lengths": [int(x) for x in lengths],
-    }
+    result = EvalResult(
+        env_id=cfg.env.id, checkpoint_step=policy.step, episodes=int(opts.episodes),
+        deterministic=bool(opts.deterministic), seed=int(opts.seed), seed_index=int(opts.seed_index),
+        mean_return=float(returns[ended].mean()) if ended.any() else None,
+        std_return=float(returns[ended].std()) if ended.any() else None, episodes_ended=int(ended.sum()),
+        returns=[None if math.isnan(r) else float(r) for r in returns], lengths=[int(x) for x in lengths])
     if opts.video:
-        result["video"] = str(write_video(frames, Path(run_dir) / VIDEO_FILE, opts.video_fps))
-        result["video_frames"] = len(frames)
+        result = result._replace(video=str(write_video(frames, Path(run_dir) / VIDEO_FILE, opts.video_fps)),
+                                 video_frames=len(frames))
+    result = result.to_json()
     (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")
     return result
