@@ -98,13 +98,13 @@ def test_local_backend_buckets_shard_counts_and_keeps_idle_slots(tmp_path):
     """n = 1..4 compiles 3 shapes (1, 2, 4), each once; slots a round skips keep their state."""
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.local import LocalBackend
-    from jaxrl_dist.core.learner import init_train, make_learner
-    from jaxrl_dist.trainers.rounds import init_table
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import init_table, shard_learner
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     cfg = config("local", tmp_path)
     program = ShardProgram(spec_from_config(cfg, "gymnax", False))
-    train = init_train(make_learner(cfg, program.network, program.env.spec, 3.0), 0)
+    train = init_train(shard_learner(cfg, program, 3.0), 0)
     table = init_table(program, 0, 4)
     backend = LocalBackend(cfg.backend)
     backend.start(Job(program.spec, 0, "t", program))

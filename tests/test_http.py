@@ -321,7 +321,8 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     from jaxrl_dist.backends import Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
     from jaxrl_dist.cli.compose import load_config
-    from jaxrl_dist.core.learner import init_train, make_learner
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import shard_learner
     from jaxrl_dist.trainers.runner import train
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
@@ -339,7 +340,7 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
         cfg = load_config(["backend=http", f"backend.urls=[{a.url},{b.url}]", f"backend.token={TOKEN}",
                            "backend.shard_timeout=10"] + over)
         program = ShardProgram(spec_from_config(cfg, "envpool", False))
-        params = init_train(make_learner(cfg, program.network, program.env.spec, 2.0), 0).params
+        params = init_train(shard_learner(cfg, program, 2.0), 0).params
         backend = HttpBackend(cfg.backend)
         backend.start(Job(program.spec, 0, "sticky", program))
         try:
@@ -366,13 +367,14 @@ def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
     to report its own error after the run has stopped."""
     from jaxrl_dist.backends import BackendError, Job, ShardTask
     from jaxrl_dist.backends.http import HttpBackend
-    from jaxrl_dist.core.learner import init_train, make_learner
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import shard_learner
     from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
 
     hung = SilentServer()
     cfg = tiny(tmp_path, [f"http://127.0.0.1:{free_port()}", hung.url], shard_timeout=1.5, max_retries=0)
     program = ShardProgram(spec_from_config(cfg, "gymnax", False))
-    params = init_train(make_learner(cfg, program.network, program.env.spec, 2.0), 0).params
+    params = init_train(shard_learner(cfg, program, 2.0), 0).params
     backend = HttpBackend(cfg.backend)
     backend.start(Job(program.spec, 0, "failed", program))
     try:

@@ -91,13 +91,13 @@ def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path, s
 
 def _parts(cfg, suite: str = "gymnax"):
     """A job and its first rounds' inputs, built as the round trainer builds them."""
-    from jaxrl_dist.core.learner import init_train, make_learner
-    from jaxrl_dist.trainers.rounds import init_table
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import init_table, shard_learner
     from jaxrl_dist.backends.shard import ShardProgram, spec_from_config
 
     spec = spec_from_config(cfg, suite, False)
     program = ShardProgram(spec)
-    params = init_train(make_learner(cfg, program.network, program.env.spec, SHARDS), cfg.seed).params
+    params = init_train(shard_learner(cfg, program, SHARDS), cfg.seed).params
     return Job(spec, cfg.seed, "test", program), params, lambda: init_table(program, cfg.seed, 4)
 
 

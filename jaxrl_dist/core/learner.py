@@ -117,24 +117,26 @@ def grad_steps(a, num_rounds: int) -> int:
     return num_rounds * a.update_epochs * a.num_minibatches
 
 
-def update_sharding(cfg):
+def update_sharding(trainer, envs_per_shard: int):
     """Where an update's minibatch samples go under `trainer.devices` (None: one device);
     each shard's envs must split evenly over the data axis."""
-    mesh = meshes.data_mesh(cfg.trainer, cfg.backend.envs_per_shard, "backend.envs_per_shard")
+    mesh = meshes.data_mesh(trainer, envs_per_shard, "backend.envs_per_shard")
     return None if mesh is None else meshes.samples(mesh)
 
 
-def make_learner(cfg, network, spec, expected_shards: float) -> Learner:
-    """The shard trainers' learner for `cfg`, with rounds of `expected_shards` shards
-    sizing the LR schedule; over several devices (`trainer.devices`) each minibatch's
-    samples are split over them and the gradients averaged."""
-    a = cfg.algo
-    steps_per_shard = cfg.backend.envs_per_shard * a.num_steps
+def make_learner(a, network, spec, expected_shards: float, *, envs_per_shard: int, rho_bar: float = 1.0,
+                 c_bar: float = 1.0, sharding=None) -> Learner:
+    """The shard trainers' learner for the `algo.*` keys `a`, with rounds of
+    `expected_shards` shards of `envs_per_shard` envs sizing the LR schedule; `rho_bar`
+    and `c_bar`: the V-trace truncations of a stale chunk (`asynchronous.*`); over
+    several devices (`sharding`, `update_sharding`'s) each minibatch's samples are split
+    over them and the gradients averaged."""
+    steps_per_shard = envs_per_shard * a.num_steps
     num_rounds = max(1, int(round(a.total_timesteps / (expected_shards * steps_per_shard))))
     make_tx = tx_maker(a, grad_steps(a, num_rounds))
     opts = ppo.options(a, discrete=spec.discrete, masked=True, unroll=loop_free(network),
-                       minibatch_size=a.minibatch_size or 0, rho_bar=cfg.asynchronous.rho_bar,
-                       c_bar=cfg.asynchronous.c_bar, batch_sharding=update_sharding(cfg), make_tx=make_tx)
+                       minibatch_size=a.minibatch_size or 0, rho_bar=rho_bar, c_bar=c_bar,
+                       batch_sharding=sharding, make_tx=make_tx)
     fn = make_learn_fn(network.apply, opts)
     return Learner(network, spec, make_tx(a.lr, a.max_grad_norm), jax.jit(fn, donate_argnums=0), num_rounds,
                    steps_per_shard, fn, ppo.hyper(a))

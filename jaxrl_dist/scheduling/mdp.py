@@ -45,7 +45,7 @@ from jaxrl_dist.backends.local import make_round_body
 from jaxrl_dist.backends.shard import ShardProgram, spec_from_config
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.core import rng
-from jaxrl_dist.core.learner import init_train_from_key, make_learner
+from jaxrl_dist.core.learner import init_train_from_key, make_learner, update_sharding
 from jaxrl_dist.core.types import EnvSpec, StepOut
 from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.scheduling import cost
@@ -198,7 +198,10 @@ class SchedulingEnv:
                               f"runs on {suite}: schedule it with a gymnax task's scheduler")
         self.program = ShardProgram(spec_from_config(task_cfg, suite, False))
         M = opts.max_shards
-        self.learner = make_learner(task_cfg, self.program.network, self.program.env.spec, M / 2)
+        b = task_cfg.backend.envs_per_shard  # the round trainer's learner (trainers.rounds.shard_learner)
+        self.learner = make_learner(task_cfg.algo, self.program.network, self.program.env.spec, M / 2,
+                                    envs_per_shard=b, rho_bar=task_cfg.asynchronous.rho_bar,
+                                    c_bar=task_cfg.asynchronous.c_bar, sharding=update_sharding(task_cfg.trainer, b))
         self.buckets = shard_buckets(M)
         self.round_bodies = [make_round_body(self.program, b) for b in self.buckets]
         self.cols = feature_columns(opts.features)

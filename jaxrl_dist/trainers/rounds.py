@@ -23,7 +23,7 @@ import numpy as np
 from jaxrl_dist.backends import BackendError, SlotTable, make_backend, wire
 from jaxrl_dist.backends.shard import ShardProgram, slot_init_key, spec_from_config
 from jaxrl_dist.config import Config
-from jaxrl_dist.core.learner import init_train, make_learner
+from jaxrl_dist.core.learner import init_train, make_learner, update_sharding
 from jaxrl_dist.core.types import TrainState
 from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.scheduling.records import Record, steps_done
@@ -74,11 +74,20 @@ def shard_program(cfg: Config) -> ShardProgram:
     return probe if spec == probe.spec else ShardProgram(spec)
 
 
+def shard_learner(cfg: Config, program: ShardProgram, expected_shards: float):
+    """The learner of a shard trainer of `cfg` (`core.learner.make_learner`), its LR
+    schedule sized for rounds of `expected_shards`."""
+    b = cfg.backend.envs_per_shard
+    return make_learner(cfg.algo, program.network, program.env.spec, expected_shards, envs_per_shard=b,
+                        rho_bar=cfg.asynchronous.rho_bar, c_bar=cfg.asynchronous.c_bar,
+                        sharding=update_sharding(cfg.trainer, b))
+
+
 def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardParts:
     """The shards' spec and program, the learner (its LR schedule sized for rounds of
     `expected_shards`), the backend and the run's checkpointer."""
     program = shard_program(cfg)
-    learner = make_learner(cfg, program.network, program.env.spec, expected_shards)
+    learner = shard_learner(cfg, program, expected_shards)
     ckpt = checkpoint.Checkpointer(run_dir, cfg.run.checkpoint_every, cfg.run.checkpoint_every_s)
     return ShardParts(program.spec, program, learner, make_backend(cfg.backend), ckpt)
 
@@ -97,7 +106,7 @@ def state_template(cfg: Config) -> ShardState:
     """What a sync or async run of `cfg` checkpoints, as shapes and dtypes (nothing is
     initialised): the template `Checkpointer.restore` reads it into."""
     program = shard_program(cfg)
-    learner = make_learner(cfg, program.network, program.env.spec, 1.0)  # the schedule sets no shape
+    learner = shard_learner(cfg, program, 1.0)  # the schedule sets no shape
     table = None if program.spec.sticky else jax.eval_shape(
         lambda: init_table(program, cfg.seed, cfg.backend.max_shards).data)
     M = cfg.backend.max_shards
