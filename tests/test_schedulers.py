@@ -199,8 +199,13 @@ def test_local_run_follows_the_scheduler(name, tmp_path, monkeypatch):
     class Marked:
         """The run's scheduler, marking where each round starts."""
 
+        sees_limits = False
+
         def __init__(self, *args):
             self.inner = real_make(*args)
+
+        def most_shards(self):
+            return self.inner.most_shards()
 
         def num_shards(self, round_, history):
             events.append(("start", round_))
@@ -275,3 +280,22 @@ def test_the_comparison_bench_bounds_what_any_schedule_can_reach(tmp_path):
     assert b["fixed_within"] == [] and b["policies"]["learned"]["within"]
     # fixed16 is fast enough (10 rounds) but used 160 shard-rounds where $0.0462 pays for 120.7
     assert b["fast_fixed_over_allowed"] == pytest.approx(160 / ((1.05 * 0.044 - 0.01) / 0.0003))
+
+
+def test_a_scheduler_without_the_round_contract_is_one_line(monkeypatch):
+    """The round trainer relies on `RoundScheduler` (`most_shards`, `sees_limits` ...): a
+    registered scheduler without it is refused before any round, naming the key."""
+    from jaxrl_dist.scheduling import schedulers
+
+    class Loose:
+        def __init__(self, cfg, backend_cfg, full=None):
+            pass
+
+        def num_shards(self, round_, history):
+            return 1
+
+    monkeypatch.setitem(schedulers.BUILTIN, "loose", Loose)
+    monkeypatch.setattr(schedulers, "SCHEDULERS", schedulers.Registry("scheduler", "scheduler.name",
+                                                                      schedulers.GROUP, schedulers.BUILTIN))
+    with pytest.raises(ConfigError, match="scheduler.name: 'loose' lacks expected_shards, most_shards, sees_limits"):
+        schedulers.make_scheduler(SchedulerConfig(name="loose"), BackendConfig())

@@ -112,6 +112,7 @@ class LearnedScheduler:
         self.trained, self.act = trained, policy(trained)
         self.scale = Scale(**trained.meta["scale"]) if self.running else scale_for(trained, full)
         self.min_return = full.scheduler.min_return if self.running else None
+        self.backend_max = backend_cfg.max_shards
 
     sees_limits = True  # the round trainer passes what is left of run.budget_usd / run.deadline_s
 
@@ -122,6 +123,9 @@ class LearnedScheduler:
 
     def expected_shards(self) -> float:
         return self.scale.max_shards / 2  # what the policy was trained with (SchedulingEnv)
+
+    def most_shards(self) -> int:
+        return self.backend_max
 
 DEFAULT = "default"  # presets/schedulers/default.msgpack: the generalist
 

@@ -7,7 +7,8 @@
   (`scheduling.records.Record`: `ret`, `losses`, `num_shards`, `round_s` ...);
 - `expected_shards()`: the mean `n` the run is expected to use, which sizes the
   learning-rate schedule (rounds = total steps / (mean n * steps per shard));
-- optionally `sees_limits = True`: the round trainer then calls
+- `most_shards()`: the most shards a round may ask for (the backend's checks);
+- `sees_limits` (False on the base): when True the round trainer calls
   `num_shards(round_, history, left)` with `left` a `cost.Left` (the share of
   `run.budget_usd` and of `run.deadline_s` not yet spent; 1.0 without the key).
 
@@ -21,7 +22,7 @@ A learned scheduler's view of a run is `learned.features` (`learned.FEATURES`).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -59,11 +60,25 @@ def run_mean(plan: Callable, clip: Callable, total_steps: int, steps_per_shard: 
     return shards / max(rounds, 1)
 
 
+@runtime_checkable
+class RoundScheduler(Protocol):
+    """What the round trainer asks of a scheduler (the module doc); `Scheduler` has it all."""
+
+    sees_limits: bool
+
+    def num_shards(self, round_: int, history: list) -> int: ...
+
+    def expected_shards(self) -> float: ...
+
+    def most_shards(self) -> int: ...
+
+
 class Scheduler:
     """Base: resolves the shard bounds, rounds and clips `propose`, and averages
     `plan` over the run for `expected_shards`."""
 
     name = "base"
+    sees_limits = False  # True: `num_shards` also takes what is left of the run's limits (`cost.Left`)
 
     def __init__(self, cfg, backend_cfg, full=None):
         self.cfg, self.full = cfg, full  # `full`: the whole `Config`, when the caller has it
@@ -217,4 +232,9 @@ def make_scheduler(cfg, backend_cfg, full=None) -> Scheduler:
     cfg = as_schema("scheduler", cfg)
     opts = plugin_options(cls, cfg.options, "scheduler.options")
     extra = {} if opts is None else {"options": opts}
-    return cls(cfg, backend_cfg, **extra) if full is None else cls(cfg, backend_cfg, full, **extra)
+    sched = cls(cfg, backend_cfg, **extra) if full is None else cls(cfg, backend_cfg, full, **extra)
+    if not isinstance(sched, RoundScheduler):  # what the round trainer calls, checked before any round
+        missing = [m for m in ("num_shards", "expected_shards", "most_shards", "sees_limits") if not hasattr(sched, m)]
+        raise ConfigError(f"scheduler.name: {cfg.name!r} lacks {', '.join(missing)} "
+                          "(subclass jaxrl_dist.scheduling.schedulers.Scheduler)")
+    return sched

@@ -108,7 +108,7 @@ class RoundTrainer(ShardTrainer):
 
     def _ask(self, r: int, records: list) -> int:
         """The scheduler's `n`; one that reads the run's limits (`sees_limits`) gets what is left."""
-        if getattr(self.scheduler, "sees_limits", False):
+        if self.scheduler.sees_limits:
             left = run_left(self.cfg.run, self.account.modeled_now(), self.account.usd)
             return self.scheduler.num_shards(r, records, left)
         return self.scheduler.num_shards(r, records)
@@ -128,11 +128,9 @@ class RoundTrainer(ShardTrainer):
 
     def _shard_bound(self) -> tuple:
         """`(most shards a round may run, the keys that set it)`, for the backend's checks."""
-        most = getattr(self.scheduler, "most_shards", None)
-        if most is None:  # a plugin scheduler without it: every slot
-            return self.cfg.backend.max_shards, "backend.max_shards"
         fixed = self.cfg.scheduler.name == "fixed"
-        return most(), "scheduler.num_shards" if fixed else "scheduler.max_shards/backend.max_shards"
+        return (self.scheduler.most_shards(),
+                "scheduler.num_shards" if fixed else "scheduler.max_shards/backend.max_shards")
 
     def _start_clocks(self, t_start: Optional[float]) -> None:
         """The modeled clock and dollars, and the measured clock, continuing the checkpoint's."""
