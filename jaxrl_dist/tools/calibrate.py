@@ -52,7 +52,7 @@ from jaxrl_dist.platform import cpu_model
 from jaxrl_dist.serve.local import LocalServer, free_port
 from jaxrl_dist.trainers.logger import MetricsLogger
 from jaxrl_dist.trainers.sync import RoundTrainer
-from jaxrl_dist.trainers.accounting import moved_bytes
+from jaxrl_dist.trainers.accounting import moved_bytes, tree_bytes
 from jaxrl_dist.trainers.accounting import shard_seconds
 from jaxrl_dist.backends import BACKENDS, capabilities
 
@@ -267,7 +267,7 @@ def calibrate(cfg: Config, opts: Options = Options(), serve: Optional[LoopbackSe
     learn = learner_times(trainer.learner, trainer.state.train, rounds[-1].result, ks, opts.repeats)
     samples = [k * trainer.learner.steps_per_shard for k in ks]
     fixed, per_sample = fit_line(samples, learn)
-    param_bytes = sum(x.nbytes for x in jax.tree.leaves(trainer.state.train.params))
+    param_bytes = tree_bytes(trainer.state.train.params)
     per_shard, per_byte, moves = transfer(rounds, param_bytes)
     steps = shard_steps(rounds, cfg.algo.num_steps)
     cv, jitter_n, method = jitter(rounds)

@@ -77,8 +77,9 @@ def straggle(shards, b, seen, index: int) -> np.ndarray:
     return factors
 
 
-def param_bytes(params) -> int:
-    return sum(x.nbytes for x in jax.tree.leaves(params))
+def tree_bytes(tree) -> int:
+    """The bytes of a pytree's arrays (params, or a shard's trajectory and bootstrap)."""
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
 def charged_bytes(stats: RoundStats, n: int, param_bytes: int, payload_bytes: int) -> int:
@@ -90,7 +91,7 @@ def charged_bytes(stats: RoundStats, n: int, param_bytes: int, payload_bytes: in
 
 def moved_bytes(result, n: int, param_bytes: int) -> int:
     """`charged_bytes` of a round (its `[T, K, B]` outputs hold `K` shards' payloads)."""
-    back = sum(x.nbytes for x in jax.tree.leaves((result.traj, result.bootstrap)))
+    back = tree_bytes((result.traj, result.bootstrap))
     return charged_bytes(result.stats, n, param_bytes, back // result.bootstrap.shape[0])
 
 

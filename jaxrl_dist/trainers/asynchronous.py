@@ -69,7 +69,7 @@ from jaxrl_dist.scheduling.balance import Balancer, ticket_allowed
 from jaxrl_dist.scheduling.cost import AsyncAccount
 from jaxrl_dist.scheduling.records import Cost, Record, steps_done
 from jaxrl_dist.trainers import interrupt
-from jaxrl_dist.trainers.accounting import Clocks, charged_bytes, param_bytes, shard_seconds, straggle
+from jaxrl_dist.trainers.accounting import Clocks, charged_bytes, shard_seconds, straggle, tree_bytes
 from jaxrl_dist.trainers.rounds import (ShardState, ShardTrainer, limit_reason, recent_return_of, target_reason,
                                         update_record, zero_outputs)
 from jaxrl_dist.trainers.summary import AsyncFigures
@@ -384,7 +384,7 @@ class AsyncTrainer(ShardTrainer):
                                     modeled, usd,
                                     prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
         self.clocks = Clocks(self.account, wall, t_start)
-        self._param_bytes = param_bytes(self.state.train.params)
+        self._param_bytes = tree_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
 
     def _actors_on(self, train, version: int) -> None:
@@ -509,8 +509,7 @@ class AsyncTrainer(ShardTrainer):
     def _bill(self, c: Chunk) -> float:
         """Bill one chunk on the modeled clock; returns its modeled arrival."""
         seconds = shard_seconds([c.info])[0] * c.factor
-        payload = sum(x.nbytes for x in jax.tree.leaves((c.output.traj, c.output.bootstrap)))
-        moved = charged_bytes(c.stats, 1, self._param_bytes, payload)
+        moved = charged_bytes(c.stats, 1, self._param_bytes, tree_bytes((c.output.traj, c.output.bootstrap)))
         return self.account.chunk(c.slot, c.version, seconds, moved)
 
     def _save_async(self, train, version: int) -> None:

@@ -37,7 +37,7 @@ from jaxrl_dist.scheduling.cost import CostAccount, run_left
 from jaxrl_dist.scheduling.records import steps_done
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.trainers import interrupt
-from jaxrl_dist.trainers.accounting import Clocks, busy_seconds, moved_bytes, param_bytes, shard_seconds, straggle
+from jaxrl_dist.trainers.accounting import Clocks, busy_seconds, moved_bytes, shard_seconds, straggle, tree_bytes
 from jaxrl_dist.trainers.rounds import (ShardState, ShardTrainer, limit_reason, recent_return_of, target_reason,
                                         update_record, zero_outputs)
 
@@ -137,7 +137,7 @@ class RoundTrainer(ShardTrainer):
         modeled, usd, wall = (float(x) for x in self.state.clock)
         self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards, modeled, usd)
         self.clocks = Clocks(self.account, wall, t_start)
-        self._param_bytes = param_bytes(self.state.train.params)
+        self._param_bytes = tree_bytes(self.state.train.params)
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         cfg = self.cfg
