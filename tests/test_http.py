@@ -18,6 +18,7 @@ import httpx
 import jax
 import numpy as np
 import pytest
+from test_phases import assert_phases_add_up
 
 from jaxrl_dist.backends import shard, wire
 from jaxrl_dist.config import from_dict
@@ -264,6 +265,7 @@ def test_dead_and_hung_endpoints_are_retried_elsewhere(server, tmp_path, local_d
     assert summary["params_sha256"] == local_digest
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["retries"] >= 2 and r["num_shards"] == 2 for r in records)
+    assert_phases_add_up(records)  # the retries' waits are in the round's `wait`
 
 
 # under slow: dead and hung endpoints retried elsewhere stay in the default suite

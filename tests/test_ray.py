@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_phases import assert_phases_add_up
 
 ray = pytest.importorskip("ray")
 # Ray starts its processes by fork + exec, which JAX's fork warning cannot tell apart
@@ -84,6 +85,8 @@ def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path, s
     for rec in records:
         assert rec["bytes_sent"] > 0 and rec["bytes_received"] > 0
         assert rec["dispatch_s"] >= 0 and rec["wait_s"] > 0 and rec["transfer_s"] > 0
+    assert_phases_add_up(records)  # dispatch, the actors' rollouts, the wait, decoding, stacking: the wall
+    assert summary["phase_seconds"]["startup_actors"] > 0  # the actors started before the first round
 
 
 # -- one loopback runtime for the backend-driven tests ------------------------

@@ -17,10 +17,10 @@ from jaxrl_dist.config import from_dict
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ALL_PLOTS = {"return_vs_steps.png", "return_vs_modeled_time.png", "return_vs_wall_time.png",
-             "shards_per_round.png", "cost.png", "time_breakdown.png"}
+             "shards_per_round.png", "cost.png", "time_breakdown.png", "phases.png"}
 # what a round record has without a cost model
 ROUND_PLOTS = {"return_vs_steps.png", "return_vs_wall_time.png", "shards_per_round.png",
-               "time_breakdown.png"}
+               "time_breakdown.png", "phases.png"}
 QUIET = {"progress": False, "tensorboard": False, "compile_cache": False}
 
 
@@ -64,7 +64,10 @@ def synthetic(rounds: int = 6, cost: bool = True) -> list:
     for r in range(1, rounds + 1):
         n = 2 ** (r % 3)
         rec = {"round": r, "update": r, "env_steps": 64 * r, "num_shards": n, "return": 10.0 * r,
-               "dispatch_s": 0.01, "wait_s": 0.2, "transfer_s": 0.02, "learn_s": 0.1, "round_s": 0.4}
+               "dispatch_s": 0.01, "wait_s": 0.2, "transfer_s": 0.02, "learn_s": 0.1, "round_s": 0.4,
+               # the round's phases, adding up to its wall
+               "phase_schedule_s": 0.01, "phase_dispatch_s": 0.01, "phase_rollout_s": 0.15, "phase_wait_s": 0.05,
+               "phase_decode_s": 0.02, "phase_learn_s": 0.1, "phase_record_s": 0.01, "phase_log_s": 0.05}
         if cost:
             modeled, usd = 0.5 + 0.1 * n, 1e-4 * n
             cum = {"modeled": cum["modeled"] + modeled, "cost": cum["cost"] + usd,
@@ -135,7 +138,7 @@ def test_missing_keys_are_skipped_and_named(tmp_path):
     assert "return_vs_steps.png: left out no-return (no return); empty (no records)" in text
     assert "shards_per_round.png: left out bare (no num_shards); empty (no records)" in text
     for name in ("return_vs_modeled_time.png", "return_vs_wall_time.png", "cost.png",
-                 "time_breakdown.png"):
+                 "time_breakdown.png", "phases.png"):
         assert f"{name}: skipped" in text and not (tmp_path / name).exists()
 
 

@@ -59,11 +59,12 @@ class ShardInfo(NamedTuple):
 class RoundStats(NamedTuple):
     """A round's (or one shard's) waits and traffic, as the backend measured them."""
 
-    dispatch_s: float = 0.0  # sending the shards off
-    transfer_s: float = 0.0  # moving bytes (serialising included)
-    wait_s: float = 0.0  # waiting for the shards' answers
+    dispatch_s: float = 0.0  # sending the shards off (encoding the params and requests included)
+    transfer_s: float = 0.0  # decoding and checking the answers
+    wait_s: float = 0.0  # waiting for the shards' answers (their rollouts included)
     bytes_sent: int = 0
     bytes_received: int = 0
+    stack_s: float = 0.0  # stacking and padding the answers, writing the slots' states
 
 
 class RoundResult(NamedTuple):
@@ -116,6 +117,9 @@ class Capabilities(NamedTuple):
     one_shard: bool = False  # `run_shard(index, params, task, state)`: one shard, no round around it
     in_process: bool = False  # shards run on this process's cores, beside the learner
     batched: bool = False  # a round's shards run as one batched program (they share its time)
+    # `warm(tasks, params, table)`: start what these shards need (actors, compiled programs)
+    # and return once they are ready, so that the first round is not also the start-up
+    warms: bool = False
 
 
 def capabilities(backend) -> Capabilities:
@@ -137,6 +141,27 @@ class Backend(Protocol):
     # with `capabilities.one_shard`: one shard on its own (the async trainer); `run_shard`
     # below falls back to `run_round` with a one-slot table for the others
     # def run_shard(self, index: int, params, task: ShardTask, state) -> tuple: ...
+
+    # with `capabilities.warms`: see `Capabilities`; the slots' states are left as they are
+    # def warm(self, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None: ...
+
+
+def run_throwaway_round(backend, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
+    """A `warm` that runs `tasks` once (as round 0) on a copy of the slots' states and
+    drops the answers: whatever the shards compile stays compiled. Not for sticky
+    specs (`table` None), whose shards would step the slots' envs."""
+    import jax
+    import numpy as np
+
+    if table is not None:
+        backend.run_round(0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
+
+
+def warm(backend, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
+    """Start what `tasks` need on `backend` and wait until it is ready (a backend that
+    declares no `warms` starts its shards' programs in their first round)."""
+    if capabilities(backend).warms:
+        backend.warm(tasks, params, table)
 
 
 class OneSlot:
@@ -202,23 +227,40 @@ def bucket(n: int, max_shards: int) -> int:
     return min(k, max_shards) if n <= max_shards else n
 
 
+class Stacker:
+    """Stacks shards' outputs as they arrive into `[T, k, B]` trajectory and `[k, B]`
+    bootstrap buffers (host arrays, zero past the last shard put), allocated on the first
+    `put` from that output's shapes."""
+
+    def __init__(self, k: int):
+        self.k, self.traj, self.boot = k, None, None
+
+    def put(self, i: int, out) -> None:
+        """Shard `i`'s output (`shard.ShardOutput` or anything with `traj` and `bootstrap`)."""
+        import jax
+        import numpy as np
+
+        if self.traj is None:
+            zeros = lambda x, axis: np.zeros(x.shape[:axis] + (self.k,) + x.shape[axis:], x.dtype)  # noqa: E731
+            self.traj = jax.tree.map(lambda x: zeros(np.asarray(x), 1), out.traj)
+            self.boot = zeros(np.asarray(out.bootstrap), 0)
+        for buf, x in zip(jax.tree.leaves(self.traj), jax.tree.leaves(out.traj)):
+            buf[:, i] = x
+        self.boot[i] = out.bootstrap
+
+    def result(self) -> tuple:
+        return self.traj, self.boot
+
+
 def stack_outputs(outputs: list, k: int):
     """Host-side: per-shard `[T, B]` trajectories and `[B]` bootstraps stacked
     to `[T, k, B]` / `[k, B]`, zero-padded past `len(outputs)`."""
-    import jax
-    import numpy as np
-
-    def stack(axis, *xs):
-        x = np.stack([np.asarray(v) for v in xs], axis=axis)
-        pad = [(0, 0)] * x.ndim
-        pad[axis] = (0, k - len(xs))
-        return np.pad(x, pad)
-
-    traj = jax.tree.map(lambda *xs: stack(1, *xs), *[o.traj for o in outputs])
-    boot = stack(0, *[o.bootstrap for o in outputs])
-    return traj, boot
+    stacker = Stacker(k)
+    for i, out in enumerate(outputs):
+        stacker.put(i, out)
+    return stacker.result()
 
 
 __all__ = ["Backend", "BackendError", "RoundStats", "Capabilities", "capabilities", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
-           "run_shard",
-           "make_backend", "available", "bucket", "stack_outputs", "GROUP"]
+           "run_shard", "warm", "run_throwaway_round",
+           "make_backend", "available", "bucket", "stack_outputs", "Stacker", "GROUP"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
-                                 stack_outputs)
+                                 run_throwaway_round, stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
@@ -49,7 +49,7 @@ def bearer_token(cfg) -> Optional[str]:
 
 class HttpBackend:
     name = "http"
-    capabilities = Capabilities(one_shard=True)
+    capabilities = Capabilities(one_shard=True, warms=True)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -133,6 +133,11 @@ class HttpBackend:
             raise failed[0]
         return replies
 
+    def warm(self, tasks, params, table) -> None:
+        """Have the endpoints compile the first round's shards (`run_throwaway_round`: one
+        shard more per slot is billed; envpool slots are not warmed)."""
+        run_throwaway_round(self, tasks, params, table)
+
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()
         job = self.job
@@ -148,14 +153,16 @@ class HttpBackend:
         for t, d in zip(tasks, decoded):
             if d.slot != t.slot:
                 raise BackendError(f"shard slot {t.slot}: the response is for slot {d.slot}")
+        t3 = time.time()
         if table is not None:
             table.put([t.slot for t in tasks], [d.output.actor for d in decoded])
         traj, boot = stack_outputs([d.output for d in decoded], bucket(len(tasks), self.cfg.max_shards))
         t4 = time.time()
         shards = [ShardInfo(t.slot, d.timings, d.reset, r[1], f"{r[2]} {d.worker}", r[4])
                   for t, d, r in zip(tasks, decoded, replies)]
-        # dispatch: encode the requests; wait: send, run, receive; transfer: decode and stack
-        stats = RoundStats(t1 - t0, t4 - t2, t2 - t1, sum(len(b) for b in bodies), sum(r[3] for r in replies))
+        # dispatch: encode the requests; wait: send, run, receive; transfer: decode; then stack
+        stats = RoundStats(t1 - t0, t3 - t2, t2 - t1, sum(len(b) for b in bodies), sum(r[3] for r in replies),
+                           t4 - t3)
         return RoundResult(traj, boot, shards, stats)
 
     def run_shard(self, index: int, params, task, state) -> tuple:

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket, stack_outputs
+from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
+                                 run_throwaway_round, stack_outputs)
 from jaxrl_dist.backends.retry import GaveUp, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 
@@ -47,16 +48,17 @@ def make_round_body(program, k: int):
     return round_fn
 
 
-def _stats(wait_s: float) -> RoundStats:
-    """In process nothing is sent: the whole round is waiting on the shards."""
-    return RoundStats(wait_s=wait_s)
+def _stats(wait_s: float, stack_s: float = 0.0) -> RoundStats:
+    """In process nothing is sent: the round is waiting on the shards (and stacking
+    sticky slots' outputs)."""
+    return RoundStats(wait_s=wait_s, stack_s=stack_s)
 
 
 class LocalBackend:
     """Shards in this process: a round is one jitted, batched call; one shard runs alone too."""
 
     name = "local"
-    capabilities = Capabilities(one_shard=True, in_process=True, batched=True)
+    capabilities = Capabilities(one_shard=True, in_process=True, batched=True, warms=True)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -74,6 +76,10 @@ class LocalBackend:
         except GaveUp as gave_up:  # the last failure ends the run
             why = f"local shard failed after {gave_up.tries} tries: {gave_up.error}"
             raise BackendError(why) from gave_up.error
+
+    def warm(self, tasks, params, table) -> None:
+        """Compile the round program for `len(tasks)` shards (`run_throwaway_round`)."""
+        run_throwaway_round(self, tasks, params, table)
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()
@@ -111,8 +117,9 @@ class LocalBackend:
             (out, timing, reset), retries = self._attempt(run)
             outs.append(out)
             shards.append(ShardInfo(t.slot, timing, reset, retries, "local"))
+        t1 = time.time()
         traj, boot = stack_outputs(outs, bucket(len(tasks), self.cfg.max_shards))
-        return RoundResult(traj, boot, shards, _stats(time.time() - t0))
+        return RoundResult(traj, boot, shards, _stats(t1 - t0, time.time() - t1))
 
     def close(self) -> None:
         self._fns.clear()

@@ -11,8 +11,10 @@ their imports and compiles overlap. An envpool slot's C++ state stays on its
 actor across rounds.
 
 Ray carries only opaque bytes in the `wire` format, never pickled objects of
-ours: each round the params are packed once and put in the object store
-(every shard gets the same reference), each shard gets its own request (spec,
+ours: each round the params are packed once; up to `INLINE_BYTES` they go
+inside each shard's call (a round trip through the object store costs more
+than the copy), larger ones are put in the object store once (every shard
+gets the same reference). Each shard gets its own request (spec,
 slot, key, the slot's state for gymnax) and answers with a response body the
 driver checks against the learner's templates. The actor checks the request
 against its own program's templates the same way.
@@ -44,8 +46,8 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 import ray
 
-from jaxrl_dist.backends import (BackendError, RoundStats, Job, RoundResult, ShardInfo, ShardTask, SlotTable,
-                                 bucket, stack_outputs)
+from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, ShardTask,
+                                 SlotTable, Stacker, bucket)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
 from jaxrl_dist.backends.shard import ShardSpec, ShardWorker, slot_init_key
@@ -56,6 +58,7 @@ LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface addr
 MAX_BODY = 1 << 31
 START_TIMEOUT_S = 60.0  # an actor not started after this long (or shard_timeout, if longer) is pending
 MB = 1 << 20
+INLINE_BYTES = 100 * 1024  # Ray's own limit for passing an argument inside the call (`max_direct_call_object_size`)
 
 
 class ActorSize(NamedTuple):
@@ -214,6 +217,7 @@ class Startup:
 
 class RayBackend:
     name = "ray"
+    capabilities = Capabilities(warms=True)
     actor_class = ShardActor  # what each slot's actor runs (a subclass may override)
     start_timeout_s = START_TIMEOUT_S
 
@@ -328,50 +332,65 @@ class RayBackend:
 
     # -- rounds ------------------------------------------------------------
 
+    def warm(self, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
+        """Start the actors of `tasks`' slots side by side and wait until each has
+        compiled the run's rollout (at most `start_timeout_s`, or `backend.shard_timeout`
+        if longer); one that is not ready by then is left to the first round, which
+        waits for it and reports it."""
+        lives = [self._life[t.slot] for t in tasks if self._actor(t.slot) is not None]
+        refs = [life.refs["ready"] for life in lives]
+        ray.wait(refs, num_returns=len(refs), timeout=max(self.cfg.shard_timeout, self.start_timeout_s))
+        for life in lives:
+            life.seen("placed"), life.seen("ready")
+
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:
         job, t0 = self.job, time.perf_counter()
         for t in tasks:  # new actors start side by side (imports, compiles)
             self._actor(t.slot)
         params_body = wire.encode_params(params)
-        rnd = _Round(self, tasks, ray.put(params_body), len(params_body))  # params once per round
+        rnd = _Round(self, tasks, params_body)
         for i, t in enumerate(tasks):  # each shard goes as soon as its request is encoded
             actor = None if job.spec.sticky else table.get(t.slot)
             rnd.bodies[i] = wire.encode_request(wire.ShardRequest(
                 job.spec, t.slot, t.key, None, actor, job.run_id, job.seed, round_))
             rnd.submit(i)
         t1 = time.perf_counter()
-        rnd.gather()
+        rnd.gather()  # each answer is decoded and stacked as it comes
         t2 = time.perf_counter()
-        outputs = [r.output for r in rnd.replies]
-        traj, boot = stack_outputs(outputs, bucket(len(tasks), self.cfg.max_shards))
-        rnd.transfer += time.perf_counter() - t2
         if not job.spec.sticky:
-            table.put([t.slot for t in tasks], [o.actor for o in outputs])
+            table.put([t.slot for t in tasks], [r.output.actor for r in rnd.replies])
         shards = [ShardInfo(t.slot, r.timings, r.reset, rnd.tries[i], r.worker)
                   for i, (t, r) in enumerate(zip(tasks, rnd.replies))]
-        stats = RoundStats(t1 - t0, rnd.transfer, t2 - t1, rnd.sent, rnd.received)
-        return RoundResult(traj, boot, shards, stats)
+        stats = RoundStats(t1 - t0, rnd.transfer, t2 - t1 - rnd.transfer - rnd.stack, rnd.sent, rnd.received,
+                           rnd.stack + time.perf_counter() - t2)
+        return RoundResult(*rnd.stacker.result(), shards, stats)
 
 
 class _Round:
     """One round's shards in flight on the Ray backend: submitted, answered, failed
     (retried under the backend's policy, a dead actor replaced) or timed out."""
 
-    def __init__(self, backend: RayBackend, tasks: List[ShardTask], params_ref, params_bytes: int):
-        self.backend, self.tasks, self.params_ref = backend, tasks, params_ref
+    def __init__(self, backend: RayBackend, tasks: List[ShardTask], params_body: bytes):
+        self.backend, self.tasks = backend, tasks
+        # small params go inline with each call (Ray copies arguments this small into the
+        # call itself); larger ones once into the object store, every shard getting its ref
+        inline = len(params_body) <= INLINE_BYTES
+        self.params_arg = params_body if inline else ray.put(params_body)
+        self.params_cost = len(params_body) if inline else 0  # bytes each call carries
         n = len(tasks)
         self.bodies, self.replies, self.tries = [None] * n, [None] * n, [0] * n
         self.pending, self.submitted = {}, {}  # ref -> task index; task index -> when it went
         self.later = {}  # task index -> when it goes again (a failed shard waiting out its backoff)
-        self.sent, self.received = params_bytes, 0
+        self.sent, self.received = 0 if inline else len(params_body), 0
         self.transfer = 0.0  # driver time decoding results (encoding counts as dispatch)
+        self.stacker, self.stack = Stacker(bucket(n, backend.cfg.max_shards)), 0.0  # and stacking them
 
     def submit(self, i: int) -> None:
-        ref = self.backend._actor(self.tasks[i].slot).run.remote(self.params_ref, self.bodies[i])
+        ref = self.backend._actor(self.tasks[i].slot).run.remote(self.params_arg, self.bodies[i])
         self.pending[ref] = i
         self.submitted[i] = time.perf_counter()
-        self.sent += len(self.bodies[i])
+        self.sent += len(self.bodies[i]) + self.params_cost
 
     def due(self, i: int, now: float) -> float:
         """When shard `i` is next looked at: its timeout counts from when it went or
@@ -447,6 +466,9 @@ class _Round:
         finally:
             self.transfer += time.perf_counter() - td
         self.replies[i], self.received = reply, self.received + len(body)
+        ts = time.perf_counter()
+        self.stacker.put(i, reply.output)
+        self.stack += time.perf_counter() - ts
 
     def _expire(self) -> None:
         now, backend = time.perf_counter(), self.backend

@@ -124,25 +124,43 @@ def _no_extra_keys(want, got, name: str) -> None:
         _no_extra_keys(want[key], got[key], f"{name}.{key}")
 
 
+_TEMPLATES: dict = {}  # id(template) -> (template, its state dict, its leaves' paths and specs)
+
+
+def _template(template) -> tuple:
+    """`(state dict, [(path, spec)])` of a template, worked out once per template object
+    (a backend checks every answer against the same ones)."""
+    from flax import serialization
+
+    hit = _TEMPLATES.get(id(template))
+    if hit is None or hit[0] is not template:
+        leaves, _ = jax.tree_util.tree_flatten_with_path(template)
+        hit = (template, serialization.to_state_dict(template),
+               [(jax.tree_util.keystr(path), spec) for path, spec in leaves])
+        if len(_TEMPLATES) > 64:  # templates of finished runs
+            _TEMPLATES.clear()
+        _TEMPLATES[id(template)] = hit
+    return hit[1], hit[2]
+
+
 def restore(template, data, name: str):
     """`data` (a state dict from the wire) as `template`'s pytree, every leaf checked."""
     from flax import serialization
 
-    _no_extra_keys(serialization.to_state_dict(template), data, name)
+    state, want = _template(template)
+    _no_extra_keys(state, data, name)
     try:
         tree = serialization.from_state_dict(template, data)
     except Exception as err:
         raise ShardError(f"{name}: structure does not match ({' '.join(str(err).split())[:200]})") from err
-    want, _ = jax.tree_util.tree_flatten_with_path(template)
     got = jax.tree.leaves(tree)
     if len(got) != len(want):
         raise ShardError(f"{name}: expected {len(want)} arrays, got {len(got)}")
     for (path, spec), leaf in zip(want, got):
-        where = name + jax.tree_util.keystr(path)
         if not isinstance(leaf, np.ndarray):
-            raise ShardError(f"{where}: expected an array, got {type(leaf).__name__}")
+            raise ShardError(f"{name}{path}: expected an array, got {type(leaf).__name__}")
         if leaf.shape != tuple(spec.shape) or leaf.dtype != spec.dtype:
-            raise ShardError(f"{where}: expected {spec.dtype}{list(spec.shape)}, "
+            raise ShardError(f"{name}{path}: expected {spec.dtype}{list(spec.shape)}, "
                              f"got {leaf.dtype}{list(leaf.shape)}")
     return tree
 

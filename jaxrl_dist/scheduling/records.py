@@ -17,6 +17,19 @@ from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS
 # the built-in loss's metrics; a plugin loss may return others (they land in `detail`
 # when a record is read back)
 LOSS_KEYS = ("loss", "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")
+PHASE_PREFIX = "phase_"
+# where a round's wall goes, in order: the phases of a round record (`Record.phases`, JSON
+# `phase_<name>_s`). A round runs from the end of the previous round's record to the end
+# of its own, so `log` and `checkpoint` are the previous round's, done before this one
+# starts; the backend's part is `dispatch` to `stack` (`backend_phases`)
+ROUND_PHASES = ("log", "checkpoint", "schedule", "dispatch", "rollout", "wait", "decode", "stack",
+                "learn", "record")
+# before the first round (`train_rounds`' summary): building the trainer (spec, learner,
+# state), starting the backend (a Ray runtime), its first shards' start (actors importing
+# JAX, compiling) and the learner's compile left after them; `finish`: after the last round
+STARTUP_PHASES = ("build", "backend", "actors", "learner")
+# the async trainer's learner loop, per update: waiting for its chunks, handing it to XLA
+ASYNC_PHASES = ("collect", "dispatch")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +86,8 @@ class Record:
     cost: Optional[Cost] = None
     return_recent: Optional[float] = None  # the target rule's recent return (shard trainers)
     detail: Mapping[str, Any] = field(default_factory=dict)  # the trainer's own figures
+    # seconds of `round_s` by phase (`trainers.accounting.ROUND_PHASES`; JSON `phase_<name>_s`)
+    phases: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def rounds(self) -> bool:
@@ -96,6 +111,7 @@ class Record:
             if self.busy_s is not None:
                 out["busy_s"] = self.busy_s
         out.update(self.detail)
+        out.update({f"{PHASE_PREFIX}{k}_s": v for k, v in self.phases.items()})
         out.update({"sps": self.sps, "episode_return_sum": list(self.episode_return_sum),
                     "episodes": list(self.episodes)})
         if self.cost is not None:
@@ -112,13 +128,16 @@ class Record:
                  "return_recent", *LOSS_KEYS, *_COST_KEYS}
         cost = cost_from_json(d)
         parts = set(cost.components) if cost is not None else set()
+        phases = {k: d[k] for k in d if k.startswith(PHASE_PREFIX) and k.endswith("_s")}
+        parts |= set(phases)
         return cls(update=d["update"], env_steps=d["env_steps"], ret=d.get("return"),
                    losses={k: d[k] for k in LOSS_KEYS if k in d}, sps=d.get("sps"),
                    episode_return_sum=tuple(d["episode_return_sum"]), episodes=tuple(d["episodes"]),
                    num_shards=d.get("num_shards", 0), time=d.get("time"), learn_s=d.get("learn_s", 0.0),
                    round_s=d.get("round_s", 0.0), busy_s=d.get("busy_s"), retries=d.get("retries", 0),
                    slot_resets=d.get("slot_resets", 0), cost=cost, return_recent=d.get("return_recent"),
-                   detail={k: v for k, v in d.items() if k not in known | parts})
+                   detail={k: v for k, v in d.items() if k not in known | parts},
+                   phases={k[len(PHASE_PREFIX):-2]: v for k, v in phases.items()})
 
 
 def steps_done(records, steps_per_shard: int) -> int:
@@ -126,4 +145,4 @@ def steps_done(records, steps_per_shard: int) -> int:
     return sum(r.num_shards for r in records) * steps_per_shard
 
 
-__all__ = ["Cost", "Record", "LOSS_KEYS", "TIME_KEYS", "cost_from_json", "steps_done"]
+__all__ = ["Cost", "Record", "LOSS_KEYS", "PHASE_PREFIX", "ROUND_PHASES", "STARTUP_PHASES", "ASYNC_PHASES", "TIME_KEYS", "cost_from_json", "steps_done"]

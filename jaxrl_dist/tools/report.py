@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from jaxrl_dist.scheduling.records import ASYNC_PHASES, PHASE_PREFIX, ROUND_PHASES, STARTUP_PHASES
 from jaxrl_dist.tools.files import read_jsonl
 from jaxrl_dist.tools.plots import color, figure, save
 
@@ -43,6 +44,7 @@ MEASURED = ("dispatch_s", "wait_s", "transfer_s", "learn_s")
 # accepted bare as well. Other `modeled_*_s` keys are stacked after these.
 MODELED = ("setup_s", "invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")
 MODELED_PREFIX = "modeled_"
+PHASE_ORDER = (*STARTUP_PHASES, *ROUND_PHASES, *ASYNC_PHASES, "finish")
 
 
 class ReportError(Exception):
@@ -205,8 +207,18 @@ def per_round_cost(records: list) -> Optional[list]:
     return None
 
 
+def phase_names(records: list) -> list:
+    """The phases the records carry (`phase_<name>_s`), in `PHASE_ORDER`, others after."""
+    names = {k[len(PHASE_PREFIX):-2] for r in records for k in r if k.startswith(PHASE_PREFIX) and k.endswith("_s")}
+    return sorted(names, key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
+
+
 def measured_components(records: list) -> dict:
-    """`{name: per-round seconds}` of the measured parts present, plus `other`."""
+    """`{name: per-round seconds}`: the round's phases, which add up to its wall; for a
+    run without them, the measured parts present plus `other` (the rest of `round_s`)."""
+    phases = phase_names(records)
+    if phases:
+        return {name: column(records, f"{PHASE_PREFIX}{name}_s") for name in phases}
     parts = {k[:-2]: column(records, k) for k in MEASURED if _has(records, k)}
     if parts and _has(records, "round_s"):
         total = column(records, "round_s")
@@ -349,7 +361,8 @@ def plot_cost(runs: dict, out_dir: Path, notes: list) -> Optional[Path]:
 
 # a component keeps its colour in every panel (measured and modeled `transfer` alike)
 COMPONENT_ORDER = ("dispatch", "wait", "transfer", "learn", "other", "invoke", "start", "actor",
-                   "setup")
+                   "setup", "rollout", "decode", "stack", "schedule", "record", "log", "checkpoint",
+                   "startup", "finish", "collect")
 
 
 def _component_color(name: str):
@@ -408,13 +421,51 @@ def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path
     return save(fig, out_dir / name)
 
 
+def phase_totals(summary: Optional[dict], records: list) -> dict:
+    """`{phase: seconds}` over a run: `summary.json`'s `phase_seconds` (start-up parts
+    folded into one `startup`), else the records' phases summed."""
+    totals = dict((summary or {}).get("phase_seconds") or {})
+    if not totals:
+        totals = {name: sum(v for v in vals if math.isfinite(v))
+                  for name, vals in measured_components(records).items()} if phase_names(records) else {}
+    startup = sum(v for k, v in totals.items() if k.startswith("startup_"))
+    out = {"startup": startup} if startup else {}
+    out.update({k: v for k, v in totals.items() if not k.startswith("startup_")})
+    return out
+
+
+def plot_phase_totals(runs: dict, out_dir: Path, notes: list, summaries: Optional[dict] = None) -> Optional[Path]:
+    """One stacked bar per run: its seconds by phase, start-up first."""
+    name = "phases.png"
+    totals = {label: phase_totals((summaries or {}).get(label), records) for label, records in runs.items()}
+    rows = {label: parts for label, parts in totals.items() if parts}
+    _left_out(name, [f"{label} (no phases: a run without rounds, or from before they were recorded)"
+                     for label in runs if label not in rows], list(rows), notes)
+    if not rows:
+        return None
+    fig, axes = figure(height=1.0 + 0.5 * len(rows))
+    ax, labels = axes[0, 0], list(rows)
+    names = sorted({n for parts in rows.values() for n in parts},
+                   key=lambda n: (("startup",) + PHASE_ORDER).index(n) if n in ("startup",) + PHASE_ORDER else 99)
+    left = [0.0] * len(labels)
+    for n in names:
+        widths = [rows[label].get(n, 0.0) for label in labels]
+        ax.barh(labels, widths, left=left, label=n, color=_component_color(n))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set(title="where the time went", xlabel="seconds")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save(fig, out_dir / name)
+
+
 PLOTS = (plot_return_vs_steps, plot_return_vs_modeled_time, plot_return_vs_wall_time,
          plot_shards, plot_cost, plot_time_breakdown)
 
 
-def make_plots(runs: dict, out_dir) -> tuple:
-    """Every figure for `runs` (`{label: records}`) into `out_dir`; returns
-    `(written paths, notes)`, the notes naming each figure or run left out."""
+def make_plots(runs: dict, out_dir, summaries: Optional[dict] = None) -> tuple:
+    """Every figure for `runs` (`{label: records}`; `summaries`: `{label: summary.json}`
+    where there is one) into `out_dir`; returns `(written paths, notes)`, the notes
+    naming each figure or run left out."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths, notes = [], []
@@ -422,7 +473,8 @@ def make_plots(runs: dict, out_dir) -> tuple:
         path = plot(runs, out_dir, notes)
         if path is not None:
             paths.append(path)
-    return paths, notes
+    path = plot_phase_totals(runs, out_dir, notes, summaries)
+    return paths + ([path] if path is not None else []), notes
 
 
 def plot_runs(runs: dict, out_dir) -> list:
@@ -465,7 +517,7 @@ def report(paths: list, out_dir=None) -> tuple:
              for label, run in zip(labelled, runs)]
     out_dir = Path(out_dir) if out_dir else runs[0].path
     try:
-        written, notes = make_plots(labelled, out_dir)
+        written, notes = make_plots(labelled, out_dir, dict(zip(labelled, (run.summary for run in runs))))
     except OSError as err:
         raise ReportError(f"cannot write the plots to {out_dir}: {err.strerror or err}") from err
     return lines, written, notes

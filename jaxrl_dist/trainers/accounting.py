@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxrl_dist.backends import RoundStats
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS
-from jaxrl_dist.scheduling.records import Cost
+from jaxrl_dist.scheduling.records import ROUND_PHASES, STARTUP_PHASES, Cost  # noqa: F401 (re-exported)
 from jaxrl_dist.scheduling.target import reached
 
 # the clocks and dollars a checkpoint holds, so that a resumed run's cost continues from
@@ -75,6 +75,70 @@ def straggle(shards, b, seen, index: int) -> np.ndarray:
     if ends:
         time.sleep(max(0.0, max(ends) - time.time()))
     return factors
+
+
+class Laps:
+    """A stopwatch over contiguous phases: `lap(name)` charges the time since the
+    previous lap to `name`, so the phases of a stretch add up to its wall."""
+
+    def __init__(self):
+        self.t = self.t0 = time.perf_counter()
+        self.phases: dict = {}
+
+    def lap(self, name: str) -> float:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
+        return now
+
+    def split(self, name: str, parts: dict) -> None:
+        """Close the lap as `parts` (seconds by phase) measured inside it: nothing is
+        charged to `name`, so what the parts miss shows as a gap against the wall."""
+        self.lap(name)
+        del self.phases[name]
+        for k, v in parts.items():
+            self.phases[k] = self.phases.get(k, 0.0) + v
+
+    def take(self) -> tuple:
+        """`(phases, wall)` since the last `take` (or the start); starts the next stretch."""
+        phases, wall = self.phases, self.t - self.t0
+        self.phases, self.t0 = {}, self.t
+        return phases, wall
+
+
+def backend_phases(result, slowed_s: float = 0.0) -> dict:
+    """A round's backend part (`RoundResult.stats` and its shards' own timings) as
+    phases: `rollout` is the slowest shard's compute as its worker timed it (plus
+    `slowed_s`, an injected straggler's extra wait), `wait` the rest of the wait for
+    the answers (queueing, the network, the workers' decoding and encoding)."""
+    st = result.stats
+    slowest = max((s.timings.finished - s.timings.started for s in result.shards), default=0.0)
+    rollout = min(float(st.wait_s), slowest)
+    return {"dispatch": float(st.dispatch_s), "rollout": rollout + slowed_s, "wait": float(st.wait_s) - rollout,
+            "decode": float(st.transfer_s), "stack": float(st.stack_s)}
+
+
+class PhaseFigures(NamedTuple):
+    """Where a shard trainer's time went, for its summary: the start-up, each phase's
+    seconds over the run (`startup_<name>`, `ROUND_PHASES`, `finish`), and the rounds'
+    walls up to the first that reached `run.target_return` (start-up apart; None when
+    no round of this process did)."""
+
+    startup_seconds: float
+    phase_seconds: dict
+    train_to_target_s: Optional[float]
+
+
+def phase_figures(startup: dict, records: list, tail: dict, target_return: Optional[float]) -> PhaseFigures:
+    """`PhaseFigures` of this process's round records (`Record.phases`) and the trainer's
+    `startup` and `tail` phases."""
+    totals = {f"startup_{k}": v for k, v in startup.items()}
+    for phases in [rec.phases for rec in records] + [tail]:
+        for k, v in phases.items():
+            totals[k] = totals.get(k, 0.0) + v
+    walls = np.cumsum([rec.round_s for rec in records])
+    hit = next((i for i, rec in enumerate(records) if reached(rec, target_return)), None)
+    return PhaseFigures(sum(startup.values()), totals, None if hit is None else float(walls[hit]))
 
 
 def tree_bytes(tree) -> int:

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_dist.backends import BackendError, Job, ShardTask, SlotTable, capabilities, run_shard
+from jaxrl_dist.backends import warm as warm_backend
 from jaxrl_dist.backends.shard import learn_key, round_keys
 from jaxrl_dist.config import Config
 from jaxrl_dist.scheduling.balance import Balancer, ticket_allowed
@@ -96,6 +97,10 @@ class Dispatched(NamedTuple):
     metrics: Any
     lag: Any  # `[K]` versions each learned chunk is behind
     dispatched: float  # `time.perf_counter()` when it was dispatched
+    # the learner loop's phases for it (`collect`: waiting for the chunks, the previous
+    # update computing meanwhile; `dispatch`: handing the update to XLA) and their wall
+    phases: dict = {}
+    loop_s: float = 0.0
 
 
 class Gate:
@@ -346,35 +351,58 @@ class AsyncTrainer(ShardTrainer):
         writes each update's record, cost, checkpoint and balance decision while
         the next update computes (and stops the run at the target or budget)."""
         self._setup_run(t_start)
-        first, top = actor_range(self.cfg, self.backend)  # the most actors (slots) in flight at once
-        most = (top, "asynchronous.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
-            first, "asynchronous.actors")
-        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *most))
         train, version = self.state.train, int(self.state.round)
         env_steps = steps_done(history, self.learner.steps_per_shard)
         records = []
         books = threading.Thread(target=self._bookkeeping, args=(logger, list(history), records),
                                  daemon=True, name="jaxrl-dist-books")
-        self._warm = self._warm_learner(train)
-        self._actors_on(train, version)
-        self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
-        books.start()
         try:
+            self._start_up(train, t_start)
+            self._last_update_t = self.rounds_t0  # the first update's time starts after the start-up
+            self._actors_on(train, version)
+            self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
+            books.start()
             while self._stop(version, env_steps) is None:
                 train, done = self._update(train, version)
                 version += 1
                 env_steps += done * self.learner.steps_per_shard
         finally:
             self._done.put(None)
-            books.join()
-            self.pool.stop()
+            if books.is_alive():
+                books.join()
+            if self.pool is not None:
+                self.pool.stop()
+            self.settle()
             self.backend.close()
         if self._books_error is not None:
             raise self._books_error
         self._save_async(train, version)
+        self.finish()
         if self.stop_reason == "interrupted":
             raise interrupt.Interrupted(self.cfg.run.dir, version)
         return records
+
+    def _start_up(self, train, t_start: Optional[float]) -> None:
+        """Start the backend and the first actors' shard programs while the learner's
+        compile warms in a thread: the start-up phases."""
+        laps = self.start_laps(t_start)
+        first, top = actor_range(self.cfg, self.backend)  # the most actors (slots) in flight at once
+        most = (top, "asynchronous.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
+            first, "asynchronous.actors")
+        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *most))
+        laps.lap("backend")
+        self._warm = self._warm_learner(train)
+        table = None if self.state.table is None else SlotTable(self.state.table)
+        tasks = [ShardTask(s, np.zeros(2, np.uint32)) for s in range(first)]
+        if capabilities(self.backend).in_process:  # the actors share one single-shard program
+            if table is not None:
+                run_shard(self.backend, 0, train.params, tasks[0], table.get(0))
+        else:
+            warm_backend(self.backend, tasks, train.params, table)
+        laps.lap("actors")
+        self._warm.join()
+        laps.lap("learner")
+        self.started(laps)
 
     def _setup_run(self, t_start: Optional[float]) -> None:
         """The cost account and both clocks, continuing a resumed run's."""
@@ -468,12 +496,14 @@ class AsyncTrainer(ShardTrainer):
         """Collect `K` chunks and dispatch the update; bookkeeping publishes version + 1
         when it has computed. Returns `(train, chunks taken)`."""
         chunks, dropped = self.pool.collect(version)
-        t1 = time.perf_counter()
+        t1 = self.laps.lap("collect")
         train, metrics, lag = self._learn(train, chunks, version)
         self.staleness.update(int(x) for x in lag)
         self.dropped_total += len(dropped)
+        self.laps.lap("dispatch")
+        phases, wall = self.laps.take()
         self._done.put(Dispatched(train=train, version=version + 1, chunks=chunks, dropped=dropped,
-                                  metrics=metrics, lag=lag, dispatched=t1))
+                                  metrics=metrics, lag=lag, dispatched=t1, phases=phases, loop_s=wall))
         return train, len(chunks) + len(dropped)
 
     def _record(self, item: Dispatched, env_steps: int, metrics, times: dict) -> Record:
@@ -489,12 +519,14 @@ class AsyncTrainer(ShardTrainer):
                   # per chunk: the worker's compute, and the wait for it (the backend's, else the actor's)
                   "shard_compute_s": [c.info.timings.finished - c.info.timings.started for c in taken],
                   "shard_roundtrip_s": [c.busy_s if c.info.roundtrip_s is None else c.info.roundtrip_s
-                                        for c in taken]}
+                                        for c in taken],
+                  "loop_s": item.loop_s}  # the learner loop's wall for this update: its phases' sum
         return update_record(metrics, update=item.version, env_steps=env_steps + len(taken) * steps,
                              sps=len(chunks) * steps / dt, num_shards=len(taken), learn_s=times["learn"],
                              round_s=times["update"], retries=sum(c.info.retries for c in taken),
                              slot_resets=sum(bool(c.info.reset) and c.index > 0 for c in taken),
-                             cost=self._charge(item.version, chunks, item.dropped, times["learn"]), detail=detail)
+                             cost=self._charge(item.version, chunks, item.dropped, times["learn"]), detail=detail,
+                             phases=item.phases)
 
     def _charge(self, u: int, chunks: list, dropped: list, learn_s: float) -> Cost:
         """Bill the chunks taken and the update on the async modeled clock. Dropped

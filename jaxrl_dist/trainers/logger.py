@@ -238,19 +238,34 @@ SUMMARY_ROWS = (
     ("trainer", "trainer"), ("env_id", "env"), ("final_return", "final return"),
     ("total_env_steps", "env steps"), ("num_updates", "updates"), ("rounds", "rounds"),
     ("num_seeds", "seeds"), ("wall_seconds", "wall time (s)"), ("compile_seconds", "compile (s)"),
-    ("train_seconds", "training (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),
+    ("startup_seconds", "start-up (s)"), ("train_seconds", "training (s)"),
+    ("phase_seconds", "time by phase (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),
     ("sps", "env steps/s (training)"), ("modeled_seconds", "modeled cloud time (s)"),
     ("cost_usd", "dollars (cost preset)"), ("cost_preset", "cost preset"),
     ("stop_reason", "stopped by"), ("target_return", "target return"), ("time_to_target_s", "modeled time to target (s)"),
-    ("wall_to_target_s", "measured time to target (s)"), ("cost_to_target_usd", "dollars to target"),
+    ("wall_to_target_s", "measured time to target (s)"),
+    ("train_to_target_s", "training time to target (s)"), ("cost_to_target_usd", "dollars to target"),
     ("params_sha256", "params sha256"), ("peak_rss_mb", "peak memory (MB)"),
     ("resumed_at_update", "resumed at"), ("run_dir", "run directory"))
 DIGEST_SHOWN = 12  # hex digits of params_sha256 in the table
 
 
+PHASES_SHOWN = 6  # the largest phases in the table's `time by phase` cell
+
+
+def _phases_cell(phases: dict) -> str:
+    """The largest phases, start-up parts folded into one: `learn 4.9, startup 4.9, ...`."""
+    folded = {"startup": sum(v for k, v in phases.items() if k.startswith("startup_"))}
+    folded.update({k: v for k, v in phases.items() if not k.startswith("startup_")})
+    top = sorted(folded.items(), key=lambda kv: -kv[1])[:PHASES_SHOWN]
+    return ", ".join(f"{k} {v:.3g}" for k, v in top)
+
+
 def _cell(key: str, value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):
+        return _phases_cell(value)
     if key == "params_sha256":
         return value[:DIGEST_SHOWN]
     if isinstance(value, float):

@@ -29,7 +29,7 @@ from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.scheduling.records import Record, steps_done
 from jaxrl_dist.scheduling.target import TARGET_ROUNDS, reached, recent_return
 from jaxrl_dist.trainers import checkpoint, status
-from jaxrl_dist.trainers.accounting import Clocks, cost_figures, fresh_clock
+from jaxrl_dist.trainers.accounting import Clocks, Laps, cost_figures, fresh_clock, phase_figures
 from jaxrl_dist.trainers.compile_clock import CompileClock
 from jaxrl_dist.trainers.logger import final_returns, loss_keys, nan_to_none, truncate_records
 from jaxrl_dist.trainers.progress import RoundBudget
@@ -174,6 +174,12 @@ class ShardTrainer(abc.ABC):
         self.state = self.start(resuming)
         self.stop_reason: Optional[str] = None
         self.clocks: Optional[Clocks] = None
+        self._warming: list = []  # the learner's warm-up compiles (threads)
+        # seconds by phase: before the first round (`STARTUP_PHASES`) and after the last
+        self.startup: dict = {}
+        self.tail: dict = {}
+        self.laps = Laps()  # the current round's stopwatch (restarted when start-up ends)
+        self.rounds_t0 = self.laps.t0  # when the first round started (`perf_counter`)
 
     @abc.abstractmethod
     def expected_shards(self) -> float:
@@ -195,13 +201,46 @@ class ShardTrainer(abc.ABC):
         state = fresh_state(self.cfg, self.program, self.learner, self.keeps_counts)
         return self.ckpt.restore_latest(state) if resuming else state
 
-    @staticmethod
-    def warm(fn, *args) -> threading.Thread:
+    def warm(self, fn, *args) -> threading.Thread:
         """Run `fn(*args)` (a compile of the learner's update on zeros) in a thread, so
-        that it overlaps the first round's actor start-up and shard compiles."""
-        thread = threading.Thread(target=fn, args=args, daemon=True)
+        that it overlaps the backend's start-up and the shards' compiles. `settle` waits
+        for it: a process must not exit while XLA compiles in a thread of its own (the
+        runtime aborts natively, whatever exit code the run chose)."""
+        thread = threading.Thread(target=fn, args=args, daemon=True, name="jaxrl-dist-warm")
         thread.start()
+        self._warming.append(thread)
         return thread
+
+    def settle(self) -> None:
+        """Wait for the warm-up compiles still running (on every way out of `run`)."""
+        for thread in self._warming:
+            thread.join()
+        self._warming.clear()
+
+    def start_laps(self, t_start: Optional[float]) -> Laps:
+        """The start-up's stopwatch; `build` (making the trainer) is what passed since `t_start`."""
+        laps = Laps()
+        self.startup = {"build": 0.0 if t_start is None else laps.t0 - t_start}
+        return laps
+
+    def started(self, laps: Laps) -> None:
+        """End of the start-up: its phases are kept, the first round's stopwatch starts
+        (its `t0` is where `train_seconds` count from)."""
+        self.startup.update(laps.take()[0])
+        self.laps = Laps()
+        self.rounds_t0 = self.laps.t0
+
+    def stamp(self, rec: Record) -> Record:
+        """Close a round's (or update's) record: its phases, its wall (`round_s`: since the
+        previous record was stamped) and the env steps/s over that wall."""
+        self.laps.lap("record")
+        phases, wall = self.laps.take()
+        return rec.replace(phases=phases, round_s=wall, sps=rec.num_shards * self.learner.steps_per_shard / wall)
+
+    def finish(self) -> None:
+        """After the last round: what its logging, checkpoint and the final save took."""
+        self.laps.lap("finish")
+        self.tail = self.laps.take()[0]
 
     def save(self, state: ShardState) -> None:
         """Checkpoint `state` (host arrays) at its round, with the clocks as they are now."""
@@ -241,9 +280,9 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
         done = steps_done(history, trainer.learner.steps_per_shard)
         logger, tracker = open_logs(cfg, run_dir, cfg.algo.total_timesteps, done, history,
                                     round_budget(cfg, trainer.expected, trainer.learner.steps_per_shard))
-        t1 = time.perf_counter()
         try:
             records = trainer.run(logger, history, t_start)
+            train_s = time.perf_counter() - trainer.rounds_t0  # start-up apart
             logger.finish()
         except BackendError as err:
             last = trainer.ckpt.latest_step()
@@ -252,7 +291,6 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
         finally:
             logger.close()
             trainer.ckpt.close()
-        train_s = time.perf_counter() - t1
     return _Trained(trainer, tracker, start, history, records, done, train_s, compiles.seconds)
 
 
@@ -274,7 +312,8 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         rounds=RoundFigures(backend=cfg.backend.name, scheduler=own.pop("scheduler"), rounds=rounds,
                             retries=sum(rec.retries for rec in records),
                             slot_resets=sum(rec.slot_resets for rec in records)),
-        cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return), **own)
+        cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return),
+        phases=phase_figures(trainer.startup, t.records, trainer.tail, cfg.run.target_return), **own)
 
 
 def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type) -> RunSummary:

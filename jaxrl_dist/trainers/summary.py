@@ -2,14 +2,18 @@
 
 The fused, sync, async and grouped (`hydra/launcher=vmap`) runs all build it by
 keyword from the same fields; what only some trainers have sits in typed parts
-(`FusedFigures`, `RoundFigures`, `accounting.CostFigures`, `AsyncFigures`).
+(`FusedFigures`, `RoundFigures`, `accounting.CostFigures`, `accounting.PhaseFigures`,
+`AsyncFigures`).
 `summary.json`, the terminal table and W&B are all written from `to_json()`, one
 flat mapping, and the summary also reads as that mapping (`summary["sps"]`), so
 code written against `summary.json` keys works on the returned value too.
 
 Step counts: `env_steps` counts steps per seed (like `algo.total_timesteps`);
 `total_env_steps` and `sps` count all seeds' envs together (throughput). Times
-and `sps` describe this process; for a resumed run, the resumed part.
+and `sps` describe this process; for a resumed run, the resumed part. `train_seconds`
+is training after compiles and start-up: the fused trainer compiles ahead of time,
+and a shard trainer's start-up (backend, first shards, learner compile) is its
+`startup_seconds`.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
-from jaxrl_dist.trainers.accounting import CostFigures
+from jaxrl_dist.trainers.accounting import CostFigures, PhaseFigures
 
 
 class FusedFigures(NamedTuple):
@@ -90,6 +94,7 @@ class RunSummary(Mapping):
     fused: Optional[FusedFigures] = None
     rounds: Optional[RoundFigures] = None
     cost: Optional[CostFigures] = None
+    phases: Optional[PhaseFigures] = None
     staleness: Optional[AsyncFigures] = None
     stop_note: Optional[str] = None  # a limit that stopped the run before any round: why
     group: Optional[Group] = None
@@ -111,6 +116,8 @@ class RunSummary(Mapping):
         out.update(self.metadata)
         if self.cost is not None:
             out.update(self.cost.to_json())
+        if self.phases is not None:
+            out.update(self.phases._asdict())
         if self.staleness is not None:
             out.update(self.staleness._asdict())
         if self.stop_note is not None:

@@ -19,7 +19,6 @@ a round estimated to pass them), or `run.max_rounds`.
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket
+from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, warm as warm_backend
 from jaxrl_dist.backends.shard import round_keys
 from jaxrl_dist.config import Config
 from jaxrl_dist.core import rng
@@ -37,7 +36,8 @@ from jaxrl_dist.scheduling.cost import CostAccount, run_left
 from jaxrl_dist.scheduling.records import steps_done
 from jaxrl_dist.scheduling.schedulers import make_scheduler
 from jaxrl_dist.trainers import interrupt
-from jaxrl_dist.trainers.accounting import Clocks, busy_seconds, moved_bytes, shard_seconds, straggle, tree_bytes
+from jaxrl_dist.trainers.accounting import (Clocks, backend_phases, busy_seconds, moved_bytes, shard_seconds,
+                                            straggle, tree_bytes)
 from jaxrl_dist.trainers.rounds import (ShardState, ShardTrainer, limit_reason, recent_return_of, target_reason,
                                         update_record, zero_outputs)
 
@@ -63,10 +63,10 @@ def unaffordable_note(run_cfg, cost_cfg, reason: str, n: int, estimate: tuple) -
             f"cost={cost_cfg.name} are estimated at {need}; nothing was trained")
 
 
-def round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, seen: set):
-    """One round's record (its cost comes after). `seen`: slots that ran in earlier
-    rounds of this process; a worker resetting one of those lost its envs (a first
-    run is no loss)."""
+def round_record(r: int, n: int, env_steps: int, result, metrics, learn_s: float, seen: set):
+    """One round's record (its cost, wall and phases come after). `seen`: slots that ran
+    in earlier rounds of this process; a worker resetting one of those lost its envs (a
+    first run is no loss)."""
     durations = [s.timings.finished - s.timings.started for s in result.shards]
     st = result.stats
     detail = {"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
@@ -76,8 +76,7 @@ def round_record(r: int, n: int, env_steps: int, result, metrics, times: dict, s
               "bytes_received": int(st.bytes_received), "shard_compute_s": durations}
     if all(s.roundtrip_s is not None for s in result.shards):  # a remote backend's, per shard
         detail["shard_roundtrip_s"] = [s.roundtrip_s for s in result.shards]
-    return update_record(metrics, update=r, env_steps=env_steps, sps=n * times["steps_per_shard"] / times["round"],
-                         num_shards=n, learn_s=times["learn"], round_s=times["round"],
+    return update_record(metrics, update=r, env_steps=env_steps, sps=None, num_shards=n, learn_s=learn_s,
                          busy_s=busy_seconds(result.shards), retries=sum(s.retries for s in result.shards),
                          slot_resets=sum(bool(s.reset) and s.slot in seen for s in result.shards), detail=detail)
 
@@ -94,7 +93,7 @@ class RoundTrainer(ShardTrainer):
     def expected_shards(self) -> float:
         return self.scheduler.expected_shards()  # it sizes the LR schedule
 
-    def _warm_learner(self, train) -> threading.Thread:
+    def _warm_learner(self, train):
         """Compile the learner for the expected shard count on zeros."""
         k = bucket(max(1, round(self.expected)), self.cfg.backend.max_shards)
         traj, boot = zero_outputs(self.program)
@@ -142,50 +141,69 @@ class RoundTrainer(ShardTrainer):
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
         cfg = self.cfg
         self._start_clocks(t_start)
-        self.backend.start(Job(self.spec, cfg.seed, uuid.uuid4().hex, self.program, *self._shard_bound()))
         train, r = self.state.train, int(self.state.round)
         table = None if self.state.table is None else SlotTable(self.state.table)
         env_steps = steps_done(history, self.learner.steps_per_shard)
         records, seen = [], set()
         so_far = list(history)  # the resumed run's records, then this run's
-        warm = self._warm_learner(train)
-        self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
         try:
+            self._start_up(train, table, t_start)
+            self.ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
+            laps = self.laps
             while (n := self._next_round(r, env_steps, so_far)) is not None:
                 # in the helper thread: a Ctrl-C during a long round is answered at once
-                train, rec = interrupt.wait_for(self._round, r, n, env_steps, train, table, warm, seen)
+                train, rec = interrupt.wait_for(self._round, r, n, env_steps, train, table, seen, laps)
                 so_far.append(rec)
-                rec = so_far[-1] = rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes))
+                rec = so_far[-1] = self.stamp(rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes)))
                 r, env_steps = r + 1, rec.env_steps
                 logger.log([rec])
+                laps.lap("log")
                 records.append(rec)
                 if self.ckpt.due(r) or interrupt.requested():
                     self._save(train, table, r)
+                laps.lap("checkpoint")
                 if interrupt.requested():  # Ctrl-C: what is done is saved; stop
                     raise interrupt.Interrupted(cfg.run.dir, r, "round")
         finally:
+            self.settle()
             self.backend.close()
         self._save(train, table, r)
+        self.finish()
         return records
 
-    def _round(self, r: int, n: int, env_steps: int, train, table, warm, seen: set):
-        """Round `r` (0-based) with `n` shards after `env_steps` steps: dispatch,
-        gather, update; returns `(train, record)`."""
-        cfg, learner = self.cfg, self.learner
-        t0 = time.perf_counter()
-        keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
-        result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
-        slow = straggle(result.shards, cfg.backend, seen, r)
+    def _start_up(self, train, table, t_start: Optional[float]) -> None:
+        """Start the backend and the first round's shards (as many as the scheduler
+        expects) while the learner's compile warms in a thread: the start-up phases."""
+        laps = self.start_laps(t_start)
+        self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *self._shard_bound()))
+        laps.lap("backend")
+        warm = self._warm_learner(train)
+        n = min(max(1, round(self.expected)), self.scheduler.most_shards())
+        tasks = [ShardTask(s, np.zeros(2, np.uint32)) for s in range(n)]
+        warm_backend(self.backend, tasks, train.params, table)
+        laps.lap("actors")
         warm.join()
-        t1 = time.perf_counter()
+        laps.lap("learner")
+        self.started(laps)
+
+    def _round(self, r: int, n: int, env_steps: int, train, table, seen: set, laps):
+        """Round `r` (0-based) with `n` shards after `env_steps` steps: dispatch,
+        gather, update; returns `(train, record)`, its phases lapped on `laps`."""
+        cfg, learner = self.cfg, self.learner
+        keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
+        laps.lap("schedule")
+        result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
+        t = time.perf_counter()
+        slow = straggle(result.shards, cfg.backend, seen, r)
+        laps.split("backend", backend_phases(result, time.perf_counter() - t))
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
         metrics = jax.device_get(metrics)
-        t2 = time.perf_counter()
+        laps.lap("learn")
+        learn_s = laps.phases["learn"]
         env_steps += n * learner.steps_per_shard
-        times = {"learn": t2 - t1, "round": t2 - t0, "steps_per_shard": learner.steps_per_shard}
-        rec = round_record(r + 1, n, env_steps, result, metrics, times, seen)
+        rec = round_record(r + 1, n, env_steps, result, metrics, learn_s, seen)
         rc, cold = self.account.charge(n, shard_seconds(result.shards) * slow,
-                                       moved_bytes(result, n, self._param_bytes), times["learn"])
+                                       moved_bytes(result, n, self._param_bytes), learn_s)
         seen.update(s.slot for s in result.shards)
         return train, rec.replace(cost=self.clocks.cost(rc, cold))
 

@@ -1,0 +1,207 @@
+"""The round trainer against its own compute: where a round's wall goes, through the CLI.
+
+Every figure comes from real `jaxrl-dist train` processes (the path a user runs) and
+their `summary.json` / `metrics.jsonl`; configurations run interleaved, `--repeats`
+times each, and ratios are of medians measured in the same run.
+
+- `local`: the round trainer on the local backend (`scheduler=fixed
+  scheduler.num_shards=4 backend.envs_per_shard=4`) against the fused trainer with
+  `env.num_envs=16` (the same batch per update: 16 envs x 128 steps, 4 epochs x 4
+  minibatches), CartPole-v1, 5e5 steps: training env steps/s with compiles and the
+  round trainer's start-up apart (`summary.json`'s `sps`), and the whole command's wall.
+- `ray`: `backend=ray` (a local runtime), 4 shards, `backend.num_cpus=0.25`, 5e5 steps:
+  the median round's phases, its host overhead (round wall minus the actors' slowest
+  rollout and the learner update) against 10 ms plus the bytes moved at 1 GB/s, the
+  start-up, the training time to a return of 475 (`train_to_target_s`: from the first
+  round, start-up apart, as RLlib's script times itself) and the whole command.
+- `cluster` (`--cluster`): the same to 475 (`run.stop_at_target=true`) on a two-node
+  Ray cluster on loopback (`ray start`, two nodes, one CPU each), the cluster up before
+  the clock starts: the whole command's wall.
+- `rllib` (`--rllib PYTHON`): RLlib's PPO to 475 with one env runner
+  (`../shared/peers/rllib_cartpole.py 475 600 1`) run by that interpreter, beside ours.
+
+    python bench/round_overhead.py                  # local and ray, 3 repeats
+    python bench/round_overhead.py --cluster --rllib /tmp/peers/rllib/bin/python
+
+Writes `bench/results/round_overhead.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_info, print_table, write_json  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = Path(__file__).resolve().parents[2] / "shared" / "peers"
+QUIET = ["run.progress=false", "run.tensorboard=false"]
+CONFIGS = {
+    "fused": ["trainer=fused", "env.num_envs=16"],
+    "local": ["scheduler=fixed", "scheduler.num_shards=4", "backend.envs_per_shard=4"],
+    "ray": ["backend=ray", "scheduler=fixed", "scheduler.num_shards=4", "backend.num_cpus=0.25"],
+}
+HOST_BUDGET_S, BYTES_PER_S = 0.010, 1e9  # the target: 10 ms plus the bytes moved at 1 GB/s
+WARM_ROUNDS = 5  # rounds left out of the per-round medians (the first shapes' compiles)
+
+
+def cli(args: list, run_dir: Path, timeout: float = 900) -> dict:
+    """One `jaxrl-dist train` process: its summary, records and whole wall."""
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "jaxrl_dist", "train", *args, *QUIET, f"run.dir={run_dir}"],
+                         capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": summary, "records": records, "command_s": wall}
+
+
+def round_figures(run: dict) -> dict:
+    """The median round's phases and host overhead, and the run's start-up and times."""
+    recs, s = run["records"][WARM_ROUNDS:], run["summary"]
+    phases = sorted({k for r in recs for k in r if k.startswith("phase_")})
+    host = [r["round_s"] - r.get("phase_rollout_s", 0.0) - r["phase_learn_s"] for r in recs]
+    moved = [r.get("bytes_sent", 0) + r.get("bytes_received", 0) for r in recs]
+    return {"round_ms": 1e3 * statistics.median(r["round_s"] for r in recs),
+            "phases_ms": {k[len("phase_"):-2]: 1e3 * statistics.median(r.get(k, 0.0) for r in recs) for k in phases},
+            "host_ms": 1e3 * statistics.median(host), "bytes_moved": statistics.median(moved),
+            "host_budget_ms": 1e3 * (HOST_BUDGET_S + statistics.median(moved) / BYTES_PER_S),
+            "startup_s": s.get("startup_seconds"), "startup_phases_s": {
+                k: v for k, v in (s.get("phase_seconds") or {}).items() if k.startswith("startup_")},
+            "train_to_target_s": s.get("train_to_target_s"), "wall_to_target_s": s.get("wall_to_target_s"),
+            "sps": s["sps"], "train_s": s["train_seconds"], "command_s": run["command_s"],
+            "final_return": s["final_return"], "params_sha256": s["params_sha256"][:12]}
+
+
+def bench_runs(names: list, repeats: int, tmp: Path) -> dict:
+    """Every config of `names`, interleaved, `repeats` times; per config the runs' figures."""
+    out = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names:
+            run = cli(CONFIGS[name], tmp / f"{name}-{i}")
+            fig = round_figures(run) if name != "fused" else {
+                "sps": run["summary"]["sps"], "train_s": run["summary"]["train_seconds"],
+                "compile_s": run["summary"]["compile_seconds"], "command_s": run["command_s"],
+                "final_return": run["summary"]["final_return"]}
+            out[name].append(fig)
+            print(f"{name} #{i}: {json.dumps({k: v for k, v in fig.items() if not isinstance(v, dict)})}",
+                  flush=True)
+    return out
+
+
+def median_of(runs: list, key: str):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+class LoopbackCluster:
+    """A two-node Ray cluster on loopback (`ray start`): a head and a worker, one CPU each."""
+
+    def __init__(self, port: int = 6391):
+        self.address = f"127.0.0.2:{port}"
+        self.tmp = Path(tempfile.mkdtemp(prefix="jaxrl-ray-"))
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        ray = str(Path(sys.executable).with_name("ray"))
+        self.procs = []
+        common = ["--num-cpus=1", "--block", "--disable-usage-stats"]
+        head = [ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.2",
+                "--include-dashboard=false", f"--temp-dir={self.tmp}", *common]
+        worker = [ray, "start", f"--address={self.address}", "--node-ip-address=127.0.0.3", *common]
+        for cmd in (head, worker):
+            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                               start_new_session=True))
+            self._wait_nodes(len(self.procs))
+
+    def _wait_nodes(self, n: int, timeout: float = 120) -> None:
+        check = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='error'); "
+                 "print(sum(1 for x in ray.nodes() if x['Alive']))")
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            out = subprocess.run([sys.executable, "-c", check, self.address], capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout.strip()) >= n:
+                return
+            time.sleep(1)
+        self.stop()
+        raise SystemExit(f"the loopback cluster did not bring up {n} node(s)")
+
+    def stop(self) -> None:
+        for proc in self.procs:  # each `ray start --block` leads its own process group
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def bench_cluster(repeats: int, tmp: Path) -> list:
+    """The whole command to 475 on the two-node cluster, which is up before each clock starts."""
+    cluster = LoopbackCluster()
+    try:
+        args = ["backend=ray", f"backend.address={cluster.address}", "scheduler=fixed", "scheduler.num_shards=2",
+                "backend.num_cpus=0.5", "run.stop_at_target=true"]
+        runs = []
+        for i in range(repeats):
+            run = cli(args, tmp / f"cluster-{i}")
+            runs.append(round_figures(run) | {"stop_reason": run["summary"].get("stop_reason")})
+            print(f"cluster #{i}: command {run['command_s']:.1f} s, {runs[-1]['stop_reason']}", flush=True)
+        return runs
+    finally:
+        cluster.stop()
+
+
+def bench_rllib(python: str) -> dict:
+    out = subprocess.run([python, str(PEERS / "rllib_cartpole.py"), "475", "600", "1"], capture_output=True,
+                         text=True, timeout=1200)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("seconds=")), None)
+    if line is None:
+        raise SystemExit(f"rllib did not report:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+    fields = dict(part.split("=") for part in line.split())
+    return {"seconds": float(fields["seconds"]), "env_steps": int(fields["env_steps"]),
+            "return": float(fields["return"]), "reached": fields["reached"] == "True"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--configs", default="fused,local,ray")
+    ap.add_argument("--cluster", action="store_true", help="the two-node loopback cluster too")
+    ap.add_argument("--rllib", metavar="PYTHON", help="run RLlib's PPO to 475 with this interpreter")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="round-overhead-"))
+    result = {"machine": machine_info(), "repeats": args.repeats}
+    result["runs"] = bench_runs(args.configs.split(","), args.repeats, tmp)
+    runs = result["runs"]
+    if "fused" in runs and "local" in runs:
+        result["local_over_fused_sps"] = median_of(runs["local"], "sps") / median_of(runs["fused"], "sps")
+    if args.cluster:
+        result["cluster"] = bench_cluster(args.repeats, tmp)
+    if args.rllib:
+        result["rllib"] = bench_rllib(args.rllib)
+        if "ray" in runs:
+            result["rllib_over_ray_to_475"] = result["rllib"]["seconds"] / median_of(runs["ray"], "train_to_target_s")
+    rows = [[name, f"{median_of(r, 'sps'):,.0f}", f"{median_of(r, 'command_s'):.1f}",
+             "-" if median_of(r, "host_ms") is None else f"{median_of(r, 'host_ms'):.1f}",
+             "-" if median_of(r, "startup_s") is None else f"{median_of(r, 'startup_s'):.1f}",
+             "-" if median_of(r, "train_to_target_s") is None else f"{median_of(r, 'train_to_target_s'):.2f}"]
+            for name, r in runs.items()]
+    print_table("medians", ["config", "train env steps/s", "command s", "host ms/round", "start-up s",
+                            "train s to 475"], rows)
+    print({k: v for k, v in result.items() if k.endswith("_sps") or k.endswith("_475")})
+    write_json(RESULTS / "round_overhead.json", result)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
