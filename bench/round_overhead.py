@@ -54,11 +54,11 @@ HOST_BUDGET_S, BYTES_PER_S = 0.010, 1e9  # the target: 10 ms plus the bytes move
 WARM_ROUNDS = 5  # rounds left out of the per-round medians (the first shapes' compiles)
 
 
-def cli(args: list, run_dir: Path, timeout: float = 900) -> dict:
+def cli(args: list, run_dir: Path, timeout: float = 900, env: dict | None = None) -> dict:
     """One `jaxrl-dist train` process: its summary, records and whole wall."""
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "jaxrl_dist", "train", *args, *QUIET, f"run.dir={run_dir}"],
-                         capture_output=True, text=True, timeout=timeout)
+                         capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -110,50 +110,56 @@ class LoopbackCluster:
 
     def __init__(self, port: int = 6391):
         self.address = f"127.0.0.2:{port}"
-        self.tmp = Path(tempfile.mkdtemp(prefix="jaxrl-ray-"))
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")  # drivers join with the token
         ray = str(Path(sys.executable).with_name("ray"))
         self.procs = []
         common = ["--num-cpus=1", "--block", "--disable-usage-stats"]
         head = [ray, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.2",
-                "--include-dashboard=false", f"--temp-dir={self.tmp}", *common]
+                "--include-dashboard=false", *common]
         worker = [ray, "start", f"--address={self.address}", "--node-ip-address=127.0.0.3", *common]
         for cmd in (head, worker):
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                start_new_session=True))
-            self._wait_nodes(len(self.procs))
+        self._wait_nodes(len(self.procs))
 
     def _wait_nodes(self, n: int, timeout: float = 120) -> None:
-        check = ("import ray,sys; ray.init(address=sys.argv[1], logging_level='error'); "
-                 "print(sum(1 for x in ray.nodes() if x['Alive']))")
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            out = subprocess.run([sys.executable, "-c", check, self.address], capture_output=True, text=True)
-            if out.returncode == 0 and out.stdout.strip().isdigit() and int(out.stdout.strip()) >= n:
-                return
-            time.sleep(1)
-        self.stop()
-        raise SystemExit(f"the loopback cluster did not bring up {n} node(s)")
+        check = ("import ray, sys, time\n"
+                 f"end = time.time() + {timeout}\n"
+                 "while True:  # the head's GCS takes a moment to listen\n"
+                 "    try:\n"
+                 "        ray.init(address=sys.argv[1], logging_level='error')\n"
+                 "        break\n"
+                 "    except ConnectionError:\n"
+                 "        if time.time() > end: raise\n"
+                 "        time.sleep(0.5)\n"
+                 f"while sum(x['Alive'] for x in ray.nodes()) < {n} and time.time() < end:\n"
+                 "    time.sleep(0.2)\n"
+                 f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n")
+        out = subprocess.run([sys.executable, "-c", check, self.address], capture_output=True, text=True,
+                             timeout=timeout + 60, env=dict(os.environ, RAY_AUTH_MODE="token"))
+        if out.returncode != 0:
+            self.stop()
+            raise SystemExit(f"the loopback cluster did not bring up {n} node(s): {out.stderr[-1500:]}")
 
     def stop(self) -> None:
         for proc in self.procs:  # each `ray start --block` leads its own process group
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+            except ProcessLookupError:
+                pass
 
 
 def bench_cluster(repeats: int, tmp: Path) -> list:
     """The whole command to 475 on the two-node cluster, which is up before each clock starts."""
     cluster = LoopbackCluster()
     try:
-        args = ["backend=ray", f"backend.address={cluster.address}", "scheduler=fixed", "scheduler.num_shards=2",
-                "backend.num_cpus=0.5", "run.stop_at_target=true"]
+        args = [*CONFIGS["ray"], f"backend.address={cluster.address}", "run.stop_at_target=true"]
         runs = []
         for i in range(repeats):
-            run = cli(args, tmp / f"cluster-{i}")
+            run = cli(args, tmp / f"cluster-{i}", env={"RAY_AUTH_MODE": "token"})
             runs.append(round_figures(run) | {"stop_reason": run["summary"].get("stop_reason")})
             print(f"cluster #{i}: command {run['command_s']:.1f} s, {runs[-1]['stop_reason']}", flush=True)
         return runs

@@ -223,6 +223,9 @@ class RayBackendConfig(BackendConfig):
     address: Optional[str] = None  # cluster address ("auto", "ray://h:p"); null starts one on loopback
     num_cpus: float = 1.0  # CPUs reserved per actor (fractions allowed)
     memory_mb: Optional[float] = None  # memory reserved per actor (null: none reserved)
+    # keep the runtime and the actors (JAX imported, programs compiled) for this process's
+    # next run, which takes them over; null: in a multirun's jobs, not in a single run
+    keep_actors: Optional[bool] = None
 
     def check(self) -> None:
         super().check()

@@ -110,3 +110,16 @@ def logs_through_logging(name: str) -> None:
         if type(handler) is not logging.FileHandler and isinstance(handler, logging.StreamHandler):
             log.removeHandler(handler)
     log.propagate = True
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in `/proc/self/stat`
+    against the boot clock); 0.0 where that cannot be read."""
+    import time
+
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0

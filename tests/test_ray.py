@@ -89,6 +89,22 @@ def test_ray_trains_like_local_on_a_runtime_it_starts(local_summary, tmp_path, s
     assert summary["phase_seconds"]["startup_actors"] > 0  # the actors started before the first round
 
 
+@pytest.mark.slow  # two runs on a Ray runtime; the phases' test above stays in the default suite
+def test_a_kept_actor_pool_starts_the_next_run_warm(local_summary, tmp_path, shard_workers):
+    """`backend.keep_actors` (a multirun's jobs): the second run of the process takes the
+    first one's actors over, slot by slot, and ends with the same parameters."""
+    try:
+        first = train(config({"name": "ray", "keep_actors": True}), tmp_path, "first")
+        assert ray.is_initialized()  # kept up for the next run
+        actors = set(shard_workers)
+        shard_workers.clear()
+        second = train(config({"name": "ray", "keep_actors": True}), tmp_path, "second")
+    finally:
+        ray.shutdown()
+    assert set(shard_workers) == actors  # the same actor processes
+    assert first["params_sha256"] == second["params_sha256"] == local_summary["params_sha256"]
+
+
 # -- one loopback runtime for the backend-driven tests ------------------------
 
 

@@ -34,9 +34,16 @@ is ready (it answers a ping once placed and its process is up, then compiles
 the run's rollout); an actor not placed within `start_timeout_s` is reported
 as pending, with the CPUs the cluster has free, and is not waited on again when
 the cluster has no room for it.
+
+With `backend.keep_actors` (the CLI sets it for a multirun's jobs) `close()` leaves
+the runtime and the actors up, and the next run of the process with the same actor
+size takes them over slot by slot: JAX is imported there already, and a run with
+the same spec finds its rollout compiled (a new spec compiles in the start-up, as
+on a new actor). An envpool slot's envs restart for the new run (its run id differs).
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import time
@@ -58,6 +65,7 @@ LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface addr
 MAX_BODY = 1 << 31
 START_TIMEOUT_S = 60.0  # an actor not started after this long (or shard_timeout, if longer) is pending
 MB = 1 << 20
+_KEPT: dict = {}  # `RayBackend._pool_key()` -> {slot: actor}: actors kept warm for this process's next run
 INLINE_BYTES = 100 * 1024  # Ray's own limit for passing an argument inside the call (`max_direct_call_object_size`)
 
 
@@ -114,6 +122,18 @@ def _one_line(err: BaseException) -> str:
     if isinstance(cause, BaseException):
         err = cause
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
+def on_this_host(address: Optional[str]) -> bool:
+    """Whether every node of the cluster at `address` runs on this machine: a runtime
+    the backend starts (None), or a cluster addressed on loopback (127.0.0.0/8)."""
+    if not address:
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name ("auto", a host name): its nodes may be anywhere
+        return host == "localhost"
 
 
 def _actor_setup(same_host: bool) -> dict:
@@ -238,7 +258,7 @@ class RayBackend:
         self._connect()
         self._check_resources(job.max_shards or self.cfg.max_shards, job.shards_key)
         self._remote = ray.remote(self.actor_class)
-        self._setup = _actor_setup(same_host=not self.cfg.address)
+        self._setup = _actor_setup(same_host=on_this_host(self.cfg.address))
         self._spec = job.spec.to_dict()  # plain data: each actor compiles it as it starts
 
     def _check_resources(self, n: int, key: str) -> None:
@@ -277,21 +297,33 @@ class RayBackend:
         self._owns_runtime = True
 
     def close(self) -> None:
-        if ray.is_initialized():
+        if self.cfg.keep_actors and self._actors and ray.is_initialized():
+            # warm for the next run of this process; Ray ends them with it (they are not detached)
+            _KEPT.setdefault(self._pool_key(), {}).update(self._actors)
+        elif ray.is_initialized():
             for actor in self._actors.values():
                 ray.kill(actor, no_restart=True)
+            if self._owns_runtime:
+                ray.shutdown()
         self._actors.clear()
         self._life.clear()
-        if self._owns_runtime and ray.is_initialized():
-            ray.shutdown()
         self._owns_runtime = False
+
+    def _pool_key(self) -> tuple:
+        """What a kept actor must share with the run that takes it over: the runtime, its
+        size and its process set-up (the run's spec it compiles when taken over)."""
+        return (ray.get_runtime_context().gcs_address, self.size, repr(sorted(self._setup.items())))
 
     # -- actors ------------------------------------------------------------
 
-    def _new_actor(self, slot: int):
-        memory = {"memory": int(self.size.memory)} if self.size.memory else {}
-        actor = self._remote.options(num_cpus=self.size.num_cpus, scheduling_strategy="SPREAD",
-                                     max_restarts=0, max_task_retries=0, **memory).remote(self._setup)
+    def _new_actor(self, slot: int, reuse: bool = True):
+        """Slot `slot`'s actor: one an earlier run of this process kept (`keep_actors`), or
+        a new one; either compiles this run's rollout before its first shard."""
+        actor = _KEPT.get(self._pool_key(), {}).pop(slot, None) if reuse else None
+        if actor is None:
+            memory = {"memory": int(self.size.memory)} if self.size.memory else {}
+            actor = self._remote.options(num_cpus=self.size.num_cpus, scheduling_strategy="SPREAD",
+                                         max_restarts=0, max_task_retries=0, **memory).remote(self._setup)
         self._actors[slot] = actor
         self._life[slot] = Startup(actor.ping.remote(), actor.warm.remote(self._spec))
         return actor
@@ -324,7 +356,7 @@ class RayBackend:
         old = self._actors.pop(slot, None)
         if old is not None:
             ray.kill(old, no_restart=True)
-        return self._new_actor(slot)
+        return self._new_actor(slot, reuse=False)
 
     def actors(self) -> dict:
         """Slot -> actor handle of the actors made so far."""

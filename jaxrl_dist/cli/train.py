@@ -32,7 +32,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import SCHEMAS, Config, ConfigError, distributed_config, from_job, to_dict
+from jaxrl_dist.config import SCHEMAS, Config, ConfigError, RayBackendConfig, distributed_config, from_job, to_dict
+from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
 
@@ -44,7 +45,7 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
-_state = {"checked": None, "failed": [], "sweeps": []}  # this process's validated run, failures, sweep dirs
+_state = {"checked": None, "failed": [], "sweeps": [], "launched": False}  # this process's validated run, failures, sweep dirs
 
 
 class JobFailed(Exception):
@@ -163,11 +164,15 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
         if multirun and "run.progress" not in override_keys(overrides):  # parallel jobs would draw over each other
             config.run.progress = False
+        if multirun and isinstance(config.backend, RayBackendConfig) and config.backend.keep_actors is None:
+            config.backend.keep_actors = True  # the next job takes the actors over
         with status.showing("loading JAX", config.run.progress):
             from jaxrl_dist.trainers.runner import train
 
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
-        summary = train(config, None if config.run.resume else output_dir)
+        launch_s = 0.0 if _state.get("launched") else process_age_s()  # a multirun's first job only
+        _state["launched"] = True
+        summary = train(config, None if config.run.resume else output_dir, launch_s=launch_s)
     except ConfigError as err:
         raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk
@@ -302,7 +307,7 @@ def _hydra(argv: Sequence[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own report
     if "hydra/sweeper=optuna" in argv:
         _quiet_optuna()
-    _state.update(checked=None, failed=[], sweeps=[])
+    _state.update(checked=None, failed=[], sweeps=[], launched=False)
     store_schemas()
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
     saved, sys.argv = sys.argv, ["jaxrl-dist", *argv]  # hydra.main reads sys.argv; completion binds the name

@@ -24,10 +24,12 @@ PHASE_PREFIX = "phase_"
 # starts; the backend's part is `dispatch` to `stack` (`backend_phases`)
 ROUND_PHASES = ("log", "checkpoint", "schedule", "dispatch", "rollout", "wait", "decode", "stack",
                 "learn", "record")
-# before the first round (`train_rounds`' summary): building the trainer (spec, learner,
-# state), starting the backend (a Ray runtime), its first shards' start (actors importing
-# JAX, compiling) and the learner's compile left after them; `finish`: after the last round
-STARTUP_PHASES = ("build", "backend", "actors", "learner")
+# before the first round (`train_rounds`' summary): the process before `train()` (the
+# CLI's start, imports and config; 0 for a library call and a multirun's later jobs),
+# building the trainer (spec, learner, state), starting the backend (a Ray runtime), its
+# first shards' start (actors importing JAX, compiling) and the learner's compile left
+# after them; `finish`: after the last round
+STARTUP_PHASES = ("launch", "build", "backend", "actors", "learner")
 # the async trainer's learner loop, per update: waiting for its chunks, handing it to XLA
 ASYNC_PHASES = ("collect", "dispatch")
 

@@ -180,6 +180,7 @@ class ShardTrainer(abc.ABC):
         self.tail: dict = {}
         self.laps = Laps()  # the current round's stopwatch (restarted when start-up ends)
         self.rounds_t0 = self.laps.t0  # when the first round started (`perf_counter`)
+        self.launch_s = 0.0  # the process's seconds before `train()` (`train_rounds` sets it)
 
     @abc.abstractmethod
     def expected_shards(self) -> float:
@@ -218,9 +219,10 @@ class ShardTrainer(abc.ABC):
         self._warming.clear()
 
     def start_laps(self, t_start: Optional[float]) -> Laps:
-        """The start-up's stopwatch; `build` (making the trainer) is what passed since `t_start`."""
+        """The start-up's stopwatch; `build` (making the trainer) is what passed since
+        `t_start`, `launch` what the process spent before it."""
         laps = Laps()
-        self.startup = {"build": 0.0 if t_start is None else laps.t0 - t_start}
+        self.startup = {"launch": self.launch_s, "build": 0.0 if t_start is None else laps.t0 - t_start}
         return laps
 
     def started(self, laps: Laps) -> None:
@@ -270,11 +272,13 @@ def round_budget(cfg: Config, expected_shards: float, steps_per_shard: int) -> R
                        max(1, round(expected_shards)) * steps_per_shard)
 
 
-def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type) -> _Trained:
+def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type,
+           launch_s: float) -> _Trained:
     """Build the trainer and run it, timing this process's compiles (`CompileClock`)."""
     with CompileClock() as compiles:
         with status.showing(f"starting the {cfg.backend.name} backend", cfg.run.progress):
             trainer = trainer_cls(cfg, run_dir, resuming)
+        trainer.launch_s = launch_s
         start = int(trainer.state.round)
         history = truncate_records(run_dir / METRICS_FILE, start)
         done = steps_done(history, trainer.learner.steps_per_shard)
@@ -316,10 +320,12 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         phases=phase_figures(trainer.startup, t.records, trainer.tail, cfg.run.target_return), **own)
 
 
-def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type) -> RunSummary:
+def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type,
+                 launch_s: float = 0.0) -> RunSummary:
     """Train with a round-based trainer (`trainer_cls`, a `ShardTrainer` subclass);
-    called by `runner.train` for `trainer=sync` and `trainer=async`."""
-    t = _train(cfg, run_dir, resuming, t_start, trainer_cls)
+    called by `runner.train` for `trainer=sync` and `trainer=async`. `launch_s`: the
+    process's seconds before `t_start` (the start-up's `launch`)."""
+    t = _train(cfg, run_dir, resuming, t_start, trainer_cls, launch_s)
     summary = _summary(cfg, t, t_start)
     finish_run(run_dir, summary, t.tracker)
     return summary

@@ -185,11 +185,13 @@ def summary_of(cfg, setup, runner, records, times: dict, start: int) -> RunSumma
                            processes=jax.process_count()))
 
 
-def train(cfg: Config, run_dir=None) -> RunSummary:
+def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0) -> RunSummary:
     """Train `cfg` (or continue `cfg.run.resume`) and return the run summary.
 
     The run directory is `run_dir`, else `cfg.run.dir`, else a dated one
     under `outputs/`. Raises `ConfigError`/`EnvMakeError` before compiling.
+    `launch_s`: the seconds the process spent before this call (the CLI passes its
+    start, imports and config), the start-up's `launch` phase in a shard trainer's summary.
     """
     t_start = time.perf_counter()
     distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
@@ -203,7 +205,7 @@ def train(cfg: Config, run_dir=None) -> RunSummary:
             return _train_fused(cfg, run_dir, resuming, t_start)
         with _profiling(cfg.run.profile_dir):  # the round trainers compile as they go
             trainer_cls = AsyncTrainer if cfg.trainer.name == "async" else RoundTrainer
-            return train_rounds(cfg, run_dir, resuming, t_start, trainer_cls)
+            return train_rounds(cfg, run_dir, resuming, t_start, trainer_cls, launch_s)
 
 
 @contextlib.contextmanager

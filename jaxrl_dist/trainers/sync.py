@@ -46,6 +46,8 @@ def over_limit(run_cfg, account: CostAccount, n: int) -> Optional[str]:
     """The `run.*` limit a round of `n` shards would take the modeled dollars
     (`budget_usd`) or the modeled clock (`deadline_s`) past, as `account` estimates
     it before the round, or None."""
+    if run_cfg.budget_usd is None and run_cfg.deadline_s is None:  # nothing to estimate against
+        return None
     seconds, usd = account.estimate(n)
     if run_cfg.budget_usd is not None and account.usd + usd > run_cfg.budget_usd:
         return "budget_usd"
