@@ -150,32 +150,48 @@ class LoopbackCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        current = Path("/tmp/ray/ray_current_cluster")  # `ray start` leaves it; a later ray.init() would join it
+        if current.exists() and current.read_text().strip() == self.address:
+            current.unlink(missing_ok=True)
 
 
 def bench_cluster(repeats: int, tmp: Path) -> list:
-    """The whole command to 475 on the two-node cluster, which is up before each clock starts."""
-    cluster = LoopbackCluster()
-    try:
-        args = [*CONFIGS["ray"], f"backend.address={cluster.address}", "run.stop_at_target=true"]
-        runs = []
-        for i in range(repeats):
+    """The whole command to 475 on a two-node cluster, a fresh one for each run, up before
+    its clock starts (a run's actors leave the cluster some time after its driver exits)."""
+    runs = []
+    for i in range(repeats):
+        cluster = LoopbackCluster()
+        try:
+            args = [*CONFIGS["ray"], f"backend.address={cluster.address}", "run.stop_at_target=true"]
             run = cli(args, tmp / f"cluster-{i}", env={"RAY_AUTH_MODE": "token"})
-            runs.append(round_figures(run) | {"stop_reason": run["summary"].get("stop_reason")})
-            print(f"cluster #{i}: command {run['command_s']:.1f} s, {runs[-1]['stop_reason']}", flush=True)
-        return runs
-    finally:
-        cluster.stop()
+        finally:
+            cluster.stop()
+        runs.append(round_figures(run) | {"stop_reason": run["summary"].get("stop_reason")})
+        print(f"cluster #{i}: command {run['command_s']:.1f} s, {runs[-1]['stop_reason']}", flush=True)
+    return runs
 
 
 def bench_rllib(python: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([python, str(PEERS / "rllib_cartpole.py"), "475", "600", "1"], capture_output=True,
-                         text=True, timeout=1200)
+                         text=True, timeout=1200, env=env)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("seconds=")), None)
     if line is None:
-        raise SystemExit(f"rllib did not report:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+        return {"error": f"rllib did not report: {out.stdout[-500:]} {out.stderr[-1500:]}"}
     fields = dict(part.split("=") for part in line.split())
-    return {"seconds": float(fields["seconds"]), "env_steps": int(fields["env_steps"]),
+    return {"seconds": float(fields["seconds"]), "env_steps": int(float(fields["env_steps"])),
             "return": float(fields["return"]), "reached": fields["reached"] == "True"}
+
+
+def add_rllib(python: str) -> None:
+    """RLlib's run beside the figures already in `round_overhead.json` (same hour)."""
+    result = json.loads((RESULTS / "round_overhead.json").read_text())
+    result["rllib"] = bench_rllib(python)
+    print(f"rllib: {result['rllib']}", flush=True)
+    if "seconds" in result["rllib"] and "ray" in result["runs"]:
+        result["rllib_over_ray_to_475"] = result["rllib"]["seconds"] / median_of(result["runs"]["ray"],
+                                                                                   "train_to_target_s")
+    write_json(RESULTS / "round_overhead.json", result)
 
 
 def main() -> None:
@@ -184,18 +200,24 @@ def main() -> None:
     ap.add_argument("--configs", default="fused,local,ray")
     ap.add_argument("--cluster", action="store_true", help="the two-node loopback cluster too")
     ap.add_argument("--rllib", metavar="PYTHON", help="run RLlib's PPO to 475 with this interpreter")
+    ap.add_argument("--rllib-only", action="store_true", help="add RLlib's figure to the existing results")
     args = ap.parse_args()
+    if args.rllib_only:
+        return add_rllib(args.rllib)
     tmp = Path(tempfile.mkdtemp(prefix="round-overhead-"))
     result = {"machine": machine_info(), "repeats": args.repeats}
-    result["runs"] = bench_runs(args.configs.split(","), args.repeats, tmp)
+    result["runs"] = bench_runs([c for c in args.configs.split(",") if c], args.repeats, tmp)
     runs = result["runs"]
+    write_json(RESULTS / "round_overhead.json", result)  # kept as each part ends
     if "fused" in runs and "local" in runs:
         result["local_over_fused_sps"] = median_of(runs["local"], "sps") / median_of(runs["fused"], "sps")
     if args.cluster:
         result["cluster"] = bench_cluster(args.repeats, tmp)
+        write_json(RESULTS / "round_overhead.json", result)
     if args.rllib:
         result["rllib"] = bench_rllib(args.rllib)
-        if "ray" in runs:
+        print(f"rllib: {result['rllib']}", flush=True)
+        if "ray" in runs and "seconds" in result["rllib"]:
             result["rllib_over_ray_to_475"] = result["rllib"]["seconds"] / median_of(runs["ray"], "train_to_target_s")
     rows = [[name, f"{median_of(r, 'sps'):,.0f}", f"{median_of(r, 'command_s'):.1f}",
              "-" if median_of(r, "host_ms") is None else f"{median_of(r, 'host_ms'):.1f}",
