@@ -45,7 +45,8 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
-_state = {"checked": None, "failed": [], "sweeps": [], "launched": False}  # this process's validated run, failures, sweep dirs
+# this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
+_state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
 
 
 class JobFailed(Exception):

@@ -147,4 +147,5 @@ def steps_done(records, steps_per_shard: int) -> int:
     return sum(r.num_shards for r in records) * steps_per_shard
 
 
-__all__ = ["Cost", "Record", "LOSS_KEYS", "PHASE_PREFIX", "ROUND_PHASES", "STARTUP_PHASES", "ASYNC_PHASES", "TIME_KEYS", "cost_from_json", "steps_done"]
+__all__ = ["Cost", "Record", "LOSS_KEYS", "PHASE_PREFIX", "ROUND_PHASES", "STARTUP_PHASES", "ASYNC_PHASES",
+           "TIME_KEYS", "cost_from_json", "steps_done"]

@@ -156,7 +156,8 @@ class RoundTrainer(ShardTrainer):
                 # in the helper thread: a Ctrl-C during a long round is answered at once
                 train, rec = interrupt.wait_for(self._round, r, n, env_steps, train, table, seen, laps)
                 so_far.append(rec)
-                rec = so_far[-1] = self.stamp(rec.replace(return_recent=recent_return_of(so_far, cfg.run.target_episodes)))
+                recent = recent_return_of(so_far, cfg.run.target_episodes)
+                rec = so_far[-1] = self.stamp(rec.replace(return_recent=recent))
                 r, env_steps = r + 1, rec.env_steps
                 logger.log([rec])
                 laps.lap("log")
