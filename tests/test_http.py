@@ -312,7 +312,8 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
 
     from jaxrl_dist.cli.compose import load_config
 
-    local = load_config(["backend=local", f"run.dir={tmp_path / 'local'}"] + overrides)
+    same = [o for o in overrides if not o.startswith("backend.urls=")]  # the local backend takes no urls
+    local = load_config(["backend=local", f"run.dir={tmp_path / 'local'}"] + same)
     assert train(local)["params_sha256"] == resumed["params_sha256"]
 
 

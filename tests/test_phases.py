@@ -75,7 +75,7 @@ def test_an_async_updates_phases_add_up_to_its_learner_loop(tmp_path):
     assert {f"startup_{k}" for k in STARTUP_PHASES} <= set(summary["phase_seconds"])
 
 
-def test_a_give_up_in_the_start_up_leaves_no_compile_running(tmp_path):
+def test_a_give_up_in_the_first_round_leaves_no_compile_running(tmp_path):
     """Every endpoint unreachable from the first shard: the run raises its one-line error
     only after the learner's warm-up compile is done (a thread still compiling at exit
     aborts the process natively)."""

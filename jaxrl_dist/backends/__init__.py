@@ -146,17 +146,6 @@ class Backend(Protocol):
     # def warm(self, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None: ...
 
 
-def run_throwaway_round(backend, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
-    """A `warm` that runs `tasks` once (as round 0) on a copy of the slots' states and
-    drops the answers: whatever the shards compile stays compiled. Not for sticky
-    specs (`table` None), whose shards would step the slots' envs."""
-    import jax
-    import numpy as np
-
-    if table is not None:
-        backend.run_round(0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
-
-
 def warm(backend, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
     """Start what `tasks` need on `backend` and wait until it is ready (a backend that
     declares no `warms` starts its shards' programs in their first round)."""
@@ -262,5 +251,5 @@ def stack_outputs(outputs: list, k: int):
 
 
 __all__ = ["Backend", "BackendError", "RoundStats", "Capabilities", "capabilities", "Job", "ShardTask", "ShardInfo", "RoundResult", "SlotTable", "OneSlot",
-           "run_shard", "warm", "run_throwaway_round",
+           "run_shard", "warm",
            "make_backend", "available", "bucket", "stack_outputs", "Stacker", "GROUP"]

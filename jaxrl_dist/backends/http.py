@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional
 
 from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
-                                 run_throwaway_round, stack_outputs)
+                                 stack_outputs)
 from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
@@ -49,7 +49,9 @@ def bearer_token(cfg) -> Optional[str]:
 
 class HttpBackend:
     name = "http"
-    capabilities = Capabilities(one_shard=True, warms=True)
+    # no `warms`: a warm-up would be a billed shard per slot on a function platform, so the
+    # instances compile on their first shard (the first round's `wait`)
+    capabilities = Capabilities(one_shard=True)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -132,11 +134,6 @@ class HttpBackend:
         if failed:
             raise failed[0]
         return replies
-
-    def warm(self, tasks, params, table) -> None:
-        """Have the endpoints compile the first round's shards (`run_throwaway_round`: one
-        shard more per slot is billed; envpool slots are not warmed)."""
-        run_throwaway_round(self, tasks, params, table)
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
-                                 run_throwaway_round, stack_outputs)
+from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, SlotTable,
+                                 bucket, stack_outputs)
 from jaxrl_dist.backends.retry import GaveUp, RetryPolicy
 from jaxrl_dist.backends.shard import ShardWorker, Timings
 
@@ -78,8 +78,11 @@ class LocalBackend:
             raise BackendError(why) from gave_up.error
 
     def warm(self, tasks, params, table) -> None:
-        """Compile the round program for `len(tasks)` shards (`run_throwaway_round`)."""
-        run_throwaway_round(self, tasks, params, table)
+        """Compile the round program for `len(tasks)` shards: run it once on a copy of the
+        slots' states and drop the answers (an envpool slot's shard would step its envs:
+        those compile in their first round)."""
+        if table is not None:
+            self.run_round(0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()

@@ -16,6 +16,7 @@ Retries are never faulted, so a retry always has a healthy path:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -74,6 +75,7 @@ def _ray_backend():
     """`FaultyRay`, made when first asked for (Ray is imported lazily)."""
     from jaxrl_dist.backends.ray_backend import MAX_BODY, RayBackend, ShardActor
     from jaxrl_dist.backends import wire
+    from jaxrl_dist.config import RayBackendConfig
 
     class FaultyActor(ShardActor):
         def __init__(self, setup: dict):
@@ -100,7 +102,8 @@ def _ray_backend():
         Options = FaultOptions
 
         def __init__(self, cfg, opts: FaultOptions):
-            super().__init__(cfg)
+            # a plugin gets the keys every backend has; Ray's own take their defaults
+            super().__init__(RayBackendConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}))
             self.opts = opts
 
         def start(self, job):
