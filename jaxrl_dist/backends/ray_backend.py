@@ -369,11 +369,14 @@ class RayBackend:
         compiled the run's rollout (at most `start_timeout_s`, or `backend.shard_timeout`
         if longer); one that is not ready by then is left to the first round, which
         waits for it and reports it."""
-        lives = [self._life[t.slot] for t in tasks if self._actor(t.slot) is not None]
+        for t in tasks:  # new actors start side by side (imports, compiles)
+            self._actor(t.slot)
+        lives = [self._life[t.slot] for t in tasks]
         refs = [life.refs["ready"] for life in lives]
         ray.wait(refs, num_returns=len(refs), timeout=max(self.cfg.shard_timeout, self.start_timeout_s))
-        for life in lives:
-            life.seen("placed"), life.seen("ready")
+        for life in lives:  # their answers start the shards' clocks
+            life.seen("placed")
+            life.seen("ready")
 
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:

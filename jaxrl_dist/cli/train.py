@@ -171,7 +171,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
             from jaxrl_dist.trainers.runner import train
 
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
-        launch_s = 0.0 if _state.get("launched") else process_age_s()  # a multirun's first job only
+        launch_s = 0.0 if _state["launched"] else process_age_s()  # a multirun's first job only
         _state["launched"] = True
         summary = train(config, None if config.run.resume else output_dir, launch_s=launch_s)
     except ConfigError as err:

@@ -32,6 +32,16 @@ ROUND_PHASES = ("log", "checkpoint", "schedule", "dispatch", "rollout", "wait", 
 STARTUP_PHASES = ("launch", "build", "backend", "actors", "learner")
 # the async trainer's learner loop, per update: waiting for its chunks, handing it to XLA
 ASYNC_PHASES = ("collect", "dispatch")
+STARTUP_PREFIX = "startup_"  # how a summary's `phase_seconds` names the start-up's parts (`startup_build`, ...)
+
+
+def fold_startup(phase_seconds: Mapping[str, float]) -> dict:
+    """A summary's `phase_seconds` with its `startup_<name>` parts summed into one
+    `startup` (first, where there are any), the other phases as they are."""
+    startup = sum(v for k, v in phase_seconds.items() if k.startswith(STARTUP_PREFIX))
+    out = {"startup": startup} if startup else {}
+    out.update({k: v for k, v in phase_seconds.items() if not k.startswith(STARTUP_PREFIX)})
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +98,7 @@ class Record:
     cost: Optional[Cost] = None
     return_recent: Optional[float] = None  # the target rule's recent return (shard trainers)
     detail: Mapping[str, Any] = field(default_factory=dict)  # the trainer's own figures
-    # seconds of `round_s` by phase (`trainers.accounting.ROUND_PHASES`; JSON `phase_<name>_s`)
+    # seconds of `round_s` by phase (`ROUND_PHASES`, async `ASYNC_PHASES`; JSON `phase_<name>_s`)
     phases: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -148,4 +158,4 @@ def steps_done(records, steps_per_shard: int) -> int:
 
 
 __all__ = ["Cost", "Record", "LOSS_KEYS", "PHASE_PREFIX", "ROUND_PHASES", "STARTUP_PHASES", "ASYNC_PHASES",
-           "TIME_KEYS", "cost_from_json", "steps_done"]
+           "STARTUP_PREFIX", "fold_startup", "TIME_KEYS", "cost_from_json", "steps_done"]

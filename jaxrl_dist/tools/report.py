@@ -28,7 +28,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from jaxrl_dist.scheduling.records import ASYNC_PHASES, PHASE_PREFIX, ROUND_PHASES, STARTUP_PHASES
+from jaxrl_dist.scheduling.records import ASYNC_PHASES, PHASE_PREFIX, ROUND_PHASES, STARTUP_PHASES, fold_startup
 from jaxrl_dist.tools.files import read_jsonl
 from jaxrl_dist.tools.plots import color, figure, save
 
@@ -44,7 +44,13 @@ MEASURED = ("dispatch_s", "wait_s", "transfer_s", "learn_s")
 # accepted bare as well. Other `modeled_*_s` keys are stacked after these.
 MODELED = ("setup_s", "invoke_s", "start_s", "actor_s", "transfer_s", "learn_s")
 MODELED_PREFIX = "modeled_"
-PHASE_ORDER = (*STARTUP_PHASES, *ROUND_PHASES, *ASYNC_PHASES, "finish")
+# phases in drawing order (`startup`: the start-up's parts folded into one)
+PHASE_ORDER = ("startup", *STARTUP_PHASES, *ROUND_PHASES, *ASYNC_PHASES, "finish")
+
+
+def _phase_order(name: str) -> tuple:
+    """Sort key: `PHASE_ORDER`, then any other phase by name."""
+    return (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER), name)
 
 
 class ReportError(Exception):
@@ -210,7 +216,7 @@ def per_round_cost(records: list) -> Optional[list]:
 def phase_names(records: list) -> list:
     """The phases the records carry (`phase_<name>_s`), in `PHASE_ORDER`, others after."""
     names = {k[len(PHASE_PREFIX):-2] for r in records for k in r if k.startswith(PHASE_PREFIX) and k.endswith("_s")}
-    return sorted(names, key=lambda n: (PHASE_ORDER.index(n) if n in PHASE_ORDER else len(PHASE_ORDER), n))
+    return sorted(names, key=_phase_order)
 
 
 def measured_components(records: list) -> dict:
@@ -424,14 +430,10 @@ def plot_time_breakdown(runs: dict, out_dir: Path, notes: list) -> Optional[Path
 def phase_totals(summary: Optional[dict], records: list) -> dict:
     """`{phase: seconds}` over a run: `summary.json`'s `phase_seconds` (start-up parts
     folded into one `startup`), else the records' phases summed."""
-    totals = dict((summary or {}).get("phase_seconds") or {})
-    if not totals:
-        totals = {name: sum(v for v in vals if math.isfinite(v))
-                  for name, vals in measured_components(records).items()} if phase_names(records) else {}
-    startup = sum(v for k, v in totals.items() if k.startswith("startup_"))
-    out = {"startup": startup} if startup else {}
-    out.update({k: v for k, v in totals.items() if not k.startswith("startup_")})
-    return out
+    totals = (summary or {}).get("phase_seconds") or {
+        name: sum(v for v in column(records, f"{PHASE_PREFIX}{name}_s") if math.isfinite(v))
+        for name in phase_names(records)}
+    return fold_startup(totals)
 
 
 def plot_phase_totals(runs: dict, out_dir: Path, notes: list, summaries: Optional[dict] = None) -> Optional[Path]:
@@ -445,8 +447,7 @@ def plot_phase_totals(runs: dict, out_dir: Path, notes: list, summaries: Optiona
         return None
     fig, axes = figure(height=1.0 + 0.5 * len(rows))
     ax, labels = axes[0, 0], list(rows)
-    names = sorted({n for parts in rows.values() for n in parts},
-                   key=lambda n: (("startup",) + PHASE_ORDER).index(n) if n in ("startup",) + PHASE_ORDER else 99)
+    names = sorted({n for parts in rows.values() for n in parts}, key=_phase_order)
     left = [0.0] * len(labels)
     for n in names:
         widths = [rows[label].get(n, 0.0) for label in labels]

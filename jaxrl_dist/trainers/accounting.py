@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxrl_dist.backends import RoundStats
 from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS
-from jaxrl_dist.scheduling.records import ROUND_PHASES, STARTUP_PHASES, Cost  # noqa: F401 (re-exported)
+from jaxrl_dist.scheduling.records import STARTUP_PREFIX, Cost
 from jaxrl_dist.scheduling.target import reached
 
 # the clocks and dollars a checkpoint holds, so that a resumed run's cost continues from
@@ -91,11 +91,10 @@ class Laps:
         self.t = now
         return now
 
-    def split(self, name: str, parts: dict) -> None:
-        """Close the lap as `parts` (seconds by phase) measured inside it: nothing is
-        charged to `name`, so what the parts miss shows as a gap against the wall."""
-        self.lap(name)
-        del self.phases[name]
+    def split(self, parts: dict) -> None:
+        """Close the lap as `parts` (seconds by phase) measured inside it: what the parts
+        miss is charged to no phase, so it shows as a gap against the wall."""
+        self.t = time.perf_counter()
         for k, v in parts.items():
             self.phases[k] = self.phases.get(k, 0.0) + v
 
@@ -132,13 +131,13 @@ class PhaseFigures(NamedTuple):
 def phase_figures(startup: dict, records: list, tail: dict, target_return: Optional[float]) -> PhaseFigures:
     """`PhaseFigures` of this process's round records (`Record.phases`) and the trainer's
     `startup` and `tail` phases."""
-    totals = {f"startup_{k}": v for k, v in startup.items()}
+    totals = {f"{STARTUP_PREFIX}{k}": v for k, v in startup.items()}
     for phases in [rec.phases for rec in records] + [tail]:
         for k, v in phases.items():
             totals[k] = totals.get(k, 0.0) + v
-    walls = np.cumsum([rec.round_s for rec in records])
     hit = next((i for i, rec in enumerate(records) if reached(rec, target_return)), None)
-    return PhaseFigures(sum(startup.values()), totals, None if hit is None else float(walls[hit]))
+    to_target = None if hit is None else sum(rec.round_s for rec in records[:hit + 1])
+    return PhaseFigures(sum(startup.values()), totals, to_target)
 
 
 def tree_bytes(tree) -> int:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from jaxrl_dist.scheduling.records import LOSS_KEYS, Record
+from jaxrl_dist.scheduling.records import LOSS_KEYS, Record, fold_startup
 from jaxrl_dist.trainers.progress import Progress, RoundBudget
 
 # the learner's episode bookkeeping (`learner.episode_metrics`), logged apart
@@ -255,9 +255,7 @@ PHASES_SHOWN = 6  # the largest phases in the table's `time by phase` cell
 
 def _phases_cell(phases: dict) -> str:
     """The largest phases, start-up parts folded into one: `learn 4.9, startup 4.9, ...`."""
-    folded = {"startup": sum(v for k, v in phases.items() if k.startswith("startup_"))}
-    folded.update({k: v for k, v in phases.items() if not k.startswith("startup_")})
-    top = sorted(folded.items(), key=lambda kv: -kv[1])[:PHASES_SHOWN]
+    top = sorted(fold_startup(phases).items(), key=lambda kv: -kv[1])[:PHASES_SHOWN]
     return ", ".join(f"{k} {v:.3g}" for k, v in top)
 
 

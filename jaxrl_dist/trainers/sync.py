@@ -198,7 +198,7 @@ class RoundTrainer(ShardTrainer):
         result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
         t = time.perf_counter()
         slow = straggle(result.shards, cfg.backend, seen, r)
-        laps.split("backend", backend_phases(result, time.perf_counter() - t))
+        laps.split(backend_phases(result, time.perf_counter() - t))
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
         metrics = jax.device_get(metrics)
         laps.lap("learn")
