@@ -118,7 +118,7 @@ def raw_env_state(env, seed: int):
 
 def rollout_fn(setup, env, rollouts: int):
     """Jitted `run((params, actor, key, acc))`: `rollouts` calls of `make_rollout`'s function."""
-    rollout = make_rollout(env, setup.network.apply, setup.rollout_opts)
+    rollout = make_rollout(env, setup.network, setup.rollout_opts)
     num_seeds = setup.cfg.num_seeds
 
     def one_rollout(carry, _):

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxrl_dist.backends.shard import ShardError, ShardOutput, ShardSpec, Timings, field_name, json_object
 
-VERSION = 1
+VERSION = 2  # 2: recurrent carries, reset flags and action masks in the slot state and trajectory
 
 
 class MalformedBody(ShardError):

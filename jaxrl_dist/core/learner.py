@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_dist.core import mesh as meshes, ppo, rng
+from jaxrl_dist.core import mesh as meshes, networks, ppo, rng
 from jaxrl_dist.core.types import TrainState
 
 
@@ -57,13 +57,9 @@ def make_optimizer(a, grad_steps: int):
     return tx_maker(a, grad_steps)(a.lr, a.max_grad_norm)
 
 
-def _init_params(network, obs_shape: tuple, obs_dtype, key):
-    return network.init(key, jnp.zeros((1,) + obs_shape, obs_dtype))
-
-
 # one program per network and observation spec (same bits as flax's op-by-op init): it
 # lands in the persistent compile cache across processes and in JAX's own within one
-_jitted_init_params = jax.jit(_init_params, static_argnums=(0, 1, 2))
+_jitted_init_params = jax.jit(networks.init_params, static_argnums=(0, 1, 2))
 
 
 def init_train_state(network, tx, spec, key, jit_params: bool = False, hyper=None) -> TrainState:
@@ -71,7 +67,7 @@ def init_train_state(network, tx, spec, key, jit_params: bool = False, hyper=Non
     (`ppo.Hyper`; None: the constants of `tx`); `jit_params`: the params from one
     jitted program (a fresh CLI process with a warm compile cache: ~0.5 s here, not the
     1-2.5 s of the op-by-op init), else op by op (vmappable, traceable)."""
-    init = _jitted_init_params if jit_params else _init_params
+    init = _jitted_init_params if jit_params else networks.init_params
     params = init(network, tuple(spec.obs_shape), spec.obs_dtype, key)
     hyper = None if hyper is None else jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), hyper)
     return TrainState(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32),

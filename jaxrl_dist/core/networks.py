@@ -99,11 +99,14 @@ def is_frame_stack(obs_shape) -> bool:
     return len(obs_shape) == 3 and min(obs_shape[1:]) >= _MIN_FRAME
 
 
-BUILTIN = ("auto", "mlp", "cnn")
+BUILTIN = ("auto", "mlp", "cnn")  # the feed-forward built-ins (no options)
+RECURRENT = ("gru", "lstm")  # the recurrent built-ins (`core.recurrent`; options: hidden_size, unroll)
 # `algo.network`: a plugin is a factory `(spec, hidden_sizes, activation, options) -> module`
-# whose `apply(params, obs[N, ...])` returns a `PolicyOut`; entry-point group `jaxrl_dist.networks`
+# whose `apply(params, obs[N, ...])` returns a `PolicyOut`, or, for a module with
+# `recurrent = True`, the contract in `core.recurrent`; entry-point group `jaxrl_dist.networks`
 NETWORKS = Registry("network", "algo.network", "jaxrl_dist.networks",
-                    {name: "jaxrl_dist.core.networks:make_network" for name in BUILTIN})
+                    {**{name: "jaxrl_dist.core.networks:make_network" for name in BUILTIN},
+                     **{name: f"jaxrl_dist.core.recurrent:make_{name}" for name in RECURRENT}})
 
 
 def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
@@ -121,6 +124,53 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"
     return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
                        max(1, len(spec.obs_shape)))
+
+
+def is_recurrent(network) -> bool:
+    """Whether `network` follows the recurrent contract (`core.recurrent`)."""
+    return bool(getattr(network, "recurrent", False))
+
+
+def initial_carry(network, n: int):
+    """The zero carry of `n` envs (None for a feed-forward network)."""
+    return network.initialize_carry(n) if is_recurrent(network) else None
+
+
+def init_params(network, obs_shape: tuple, obs_dtype, key):
+    """Parameters from a one-observation dummy input (one step of one env when recurrent)."""
+    obs = jnp.zeros((1,) + tuple(obs_shape), obs_dtype)
+    if not is_recurrent(network):
+        return network.init(key, obs)
+    return network.init(key, network.initialize_carry(1), obs[None], jnp.zeros((1, 1), bool))
+
+
+def step(network, params, carry, obs, reset):
+    """One step of `B` envs: `(carry, PolicyOut[B])`; a feed-forward network passes
+    `carry` (None) through."""
+    if not is_recurrent(network):
+        return carry, network.apply(params, obs)
+    carry, out = network.apply(params, carry, obs[None], reset[None])
+    return carry, PolicyOut(out.logits[0], out.log_std, out.value[0])
+
+
+def replay(apply_fn, params, carry, obs, reset):
+    """`PolicyOut` of whole segments: `obs[T, B, ...]` from their initial `carry` with the
+    `reset` flags they were collected with (recurrent), or `obs[...]` at once (carry None)."""
+    if carry is None:
+        return apply_fn(params, obs)
+    return apply_fn(params, carry, obs, reset)[1]
+
+
+# a masked action's logit: finite, so a fully masked row stays a (uniform) distribution
+# and its entropy is 0 * large, not 0 * inf
+MASKED_LOGIT = -1e9
+
+
+def mask_logits(out: PolicyOut, mask) -> PolicyOut:
+    """`out` with the actions `mask` (`[..., A]` bool; None: all) rules out made impossible."""
+    if mask is None:
+        return out
+    return out._replace(logits=jnp.where(mask, out.logits, MASKED_LOGIT))
 
 
 # ---- distributions -------------------------------------------------------

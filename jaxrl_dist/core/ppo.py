@@ -90,7 +90,10 @@ def options(a, loss=None, **settings) -> PPOOptions:
 
 
 class Batch(NamedTuple):
-    """One flat minibatch `[M, ...]` for the loss."""
+    """One minibatch for the loss: flat `[M, ...]` for a feed-forward network; for a
+    recurrent one, `M` whole sequences, time-major `[T, M, ...]`, with their initial
+    `carry` (`[M, ...]`) and `reset` flags. Get the network's output on it with
+    `policy_out`, which replays the sequences and applies the action masks."""
 
     obs: jax.Array
     action: jax.Array
@@ -99,6 +102,20 @@ class Batch(NamedTuple):
     advantage: jax.Array
     target: jax.Array
     valid: jax.Array
+    carry: Any = None  # recurrent: the sequences' initial carries
+    reset: Any = None  # recurrent: `[T, M]`, the carry was reset before this step
+    action_mask: Any = None  # masked envs: `[..., A]` the legal actions of `obs`
+
+
+def policy_out(apply_fn, params, batch) -> networks.PolicyOut:
+    """The network's output on a `Batch` (or a `[T, B]` `Transition` with its segments'
+    initial carries): replayed from the carries when recurrent, with the masked actions'
+    logits made impossible where the batch has masks."""
+    carry = batch.carry
+    if carry is not None and isinstance(batch, Transition):  # `[1, B, ...]`: the segment start
+        carry = jax.tree.map(lambda c: c[0], carry)
+    out = networks.replay(apply_fn, params, carry, batch.obs, batch.reset)
+    return networks.mask_logits(out, batch.action_mask)
 
 
 def gae(reward, value, next_value, terminated, done, gamma: float, lam: float,
@@ -137,7 +154,7 @@ def ppo_loss(params, apply_fn: Callable, batch: Batch, opts: PPOOptions, options
     """Clipped-surrogate PPO loss of one minibatch; returns `(loss, metrics)`. Every
     metric returned is logged under its own name (a plugin loss may add its own)."""
     w = batch.valid.astype(jnp.float32) if opts.masked else None
-    out = apply_fn(params, batch.obs)
+    out = policy_out(apply_fn, params, batch)
     logp = networks.log_prob(out, batch.action, opts.discrete)
     log_ratio = logp - batch.log_prob
     ratio = jnp.exp(log_ratio)
@@ -184,6 +201,8 @@ def next_values(apply_fn, params, traj: Transition, last_value):
     bootstrap); otherwise (auto-reset envs) the stored final observations are
     evaluated in one batched call.
     """
+    if traj.next_value is not None:  # recurrent: computed in the rollout
+        return traj.next_value
     if traj.final_obs is None:
         return jnp.concatenate([traj.value[1:], last_value[None]], axis=0)
     return apply_fn(params, traj.final_obs).value
@@ -194,7 +213,7 @@ def _off_policy(apply_fn, params, traj: Transition, stale, opts: PPOOptions):
     trajectory whose `stale` `[T, B]` samples came from an older policy: those
     get the current value function's values and weights `pi/mu` against their
     behaviour log-probs; the others keep their own values and weight 1."""
-    out = apply_fn(params, traj.obs)
+    out = policy_out(apply_fn, params, traj)
     value = jnp.where(stale, out.value, traj.value)
     log_rho = networks.log_prob(out, traj.action, opts.discrete) - traj.log_prob
     ratio = jnp.exp(jnp.where(stale, log_rho, 0.0))
@@ -207,19 +226,33 @@ def make_batch(apply_fn, params, traj: Transition, last_value, opts: PPOOptions,
     ratio is always against the behaviour log-probs, so PPO's clip bounds how
     far an update follows a stale sample."""
     value, rho, trace = traj.value, None, None
-    if stale is not None:
-        value, rho, trace = _off_policy(apply_fn, params, traj, stale, opts)
-        traj = traj._replace(value=value)
-    nv = next_values(apply_fn, params, traj, last_value)
     term = traj.terminated.astype(jnp.float32)
     done = jnp.maximum(term, traj.truncated.astype(jnp.float32))
+    if stale is not None:
+        value, rho, trace = _off_policy(apply_fn, params, traj, stale, opts)
+        if traj.next_value is not None:  # within an episode, the next step's corrected value
+            later = jnp.concatenate([value[1:], traj.next_value[-1:]], axis=0)
+            traj = traj._replace(next_value=jnp.where(done > 0, traj.next_value, later))
+        traj = traj._replace(value=value)
+    nv = next_values(apply_fn, params, traj, last_value)
     adv, target = gae(traj.reward, value, nv, term, done, opts.gamma, opts.gae_lambda, rho, trace)
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    if traj.carry is not None:  # whole sequences, time-major, from their initial carries
+        return Batch(traj.obs, traj.action, traj.log_prob, value, adv, target, traj.valid,
+                     jax.tree.map(lambda c: c[0], traj.carry), traj.reset, traj.action_mask)
+    flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])  # noqa: E731
     return Batch(flat(traj.obs), flat(traj.action), flat(traj.log_prob), flat(value),
-                 flat(adv), flat(target), flat(traj.valid))
+                 flat(adv), flat(target), flat(traj.valid), action_mask=flat(traj.action_mask))
 
 
-def _plan(key, n: int, real, opts: PPOOptions):
+def _minibatch(batch: Batch, idx) -> Batch:
+    """Samples `idx` of a flat batch, or sequences `idx` of a recurrent one."""
+    if batch.carry is None:
+        return jax.tree.map(lambda x: x[idx], batch)
+    seqs = jax.tree.map(lambda x: x[:, idx], batch._replace(carry=None))
+    return seqs._replace(carry=jax.tree.map(lambda c: c[idx], batch.carry))
+
+
+def _plan(key, n: int, real, opts: PPOOptions, size: int = 0):
     """Minibatch indices `[S, size]` and which of the `S` steps run.
 
     Without `opts.minibatch_size`: every epoch splits the whole batch into
@@ -234,7 +267,7 @@ def _plan(key, n: int, real, opts: PPOOptions):
         m = opts.num_minibatches
         perms = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
         return perms.reshape(E * m, n // m), jnp.ones((E * m,), bool)
-    size = opts.minibatch_size
+    size = size or opts.minibatch_size
     real = jnp.ones((n,), bool) if real is None else real
     order = lambda k: jnp.argsort(jnp.where(real, jax.random.uniform(k, (n,)), 2.0))
     perms = jax.vmap(order)(keys)
@@ -258,16 +291,20 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
     def update(state: TrainState, traj: Transition, last_value, key, real=None, stale=None):
         opts_t, tx = traced(opts, state)
         batch = make_batch(apply_fn, state.params, traj, last_value, opts_t, stale)
-        n = batch.advantage.shape[0]
-        idx, active = _plan(key, n, None if real is None else real.reshape(-1), opts)
+        if batch.carry is None:
+            n, size, real = batch.advantage.shape[0], 0, None if real is None else real.reshape(-1)
+        else:  # minibatches of whole sequences (`config` checks the size is a whole number)
+            T, n = batch.advantage.shape[:2]
+            size, real = opts.minibatch_size // T, None if real is None else real[0]
+        idx, active = _plan(key, n, real, opts, size)
         flat, unravel = ravel_pytree(state.params)
         loss_fn = opts.loss or ppo_loss
         grad_fn = jax.value_and_grad(
             lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts_t, opts.loss_options), has_aux=True)
 
         def sgd_step(flat, opt_state, mb_idx):
-            mb = jax.tree.map(lambda x: x[mb_idx], batch)
-            if opts.batch_sharding is not None:  # each device takes the gradient of its part
+            mb = _minibatch(batch, mb_idx)
+            if opts.batch_sharding is not None and mb.carry is None:  # each device takes the gradient of its part
                 mb = jax.lax.with_sharding_constraint(mb, opts.batch_sharding)
             (_, metrics), grads = grad_fn(flat, mb)
             updates, new_opt = tx.update(grads, opt_state, flat)

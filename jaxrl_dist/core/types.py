@@ -26,6 +26,8 @@ class EnvSpec(NamedTuple):
     # envpool resets on the step *after* a done; that step is not a real
     # transition and is masked out of the loss.
     delayed_reset: bool = False
+    # the env gives the legal actions of each observation (`StepOut.action_mask`)
+    masked: bool = False
 
 
 class StepOut(NamedTuple):
@@ -39,6 +41,10 @@ class StepOut(NamedTuple):
     valid: jax.Array  # False where the transition was an envpool reset step
     log_reward: jax.Array  # reward for episode logging (unclipped, unscaled)
     episode_end: jax.Array  # the real end of an episode (not a lost life)
+    # masked envs (`EnvSpec.masked`): `[N, A]` bool, the legal actions of `obs`
+    action_mask: Any = None
+    # masked envs: `[N]` bool, the action the env received was not legal in its state
+    illegal: Any = None
 
 
 class EpisodeStats(NamedTuple):
@@ -79,6 +85,16 @@ class Transition(NamedTuple):
     # episode bookkeeping for logging (not used by the loss)
     done_return: jax.Array  # undiscounted return of an episode ending here, else 0
     done: jax.Array
+    # recurrent policies: `[T, ...]` bool, the carry was reset before this step's observation
+    reset: Any = None
+    # recurrent policies: the segment's initial carry, `[1, ...]` (one time step, the
+    # carry before the first observation), so every tree op over the time axis keeps it
+    carry: Any = None
+    action_mask: Any = None  # masked envs: the legal actions of `obs`
+    # recurrent policies: the value of the observation the transition ended in (the
+    # bootstrap of a truncated episode), computed in the rollout with the carry it needs
+    next_value: Any = None
+    illegal: Any = None  # masked envs: the env received an action not legal in its state
 
 
 class TrainState(struct.PyTreeNode):
@@ -103,6 +119,9 @@ class ActorState(NamedTuple):
     obs: jax.Array  # `[N, ...]` raw last observation
     episodes: EpisodeStats
     norm: NormState  # leading `[S]`
+    carry: Any = None  # recurrent policies: `[N, ...]` the hidden state after the last step
+    reset: Any = None  # recurrent policies: `[N]` bool, `obs` starts an episode
+    mask: Any = None  # masked envs: `[N, A]` bool, the legal actions of `obs`
 
 
 class RunnerState(NamedTuple):

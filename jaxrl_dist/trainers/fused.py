@@ -17,8 +17,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_dist.core import learner, mesh as meshes, ppo, rng
-from jaxrl_dist.config import Config, ConfigError, Derived, derive, num_minibatches
-from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.config import Config, ConfigError, Derived, check_policy, derive, num_minibatches
+from jaxrl_dist.core.networks import is_recurrent, make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import RunnerState
 
@@ -53,11 +53,12 @@ def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> S
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
     network = network or make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
+    mask = check_policy(cfg, spec.suite, is_recurrent(network), spec.masked)
     m = num_minibatches(a, derived.batch_size)
     make_tx = learner.tx_maker(a, derived.num_updates * a.update_epochs * m)
     ropts = RolloutOptions(a.num_steps, cfg.num_seeds, derived.normalize_obs,
                            derived.normalize_reward, a.gamma, cfg.env.clip_obs,
-                           cfg.env.clip_reward, unroll)
+                           cfg.env.clip_reward, unroll, mask)
     loop_free = learner.loop_free(network)
     # the fused batch is never padded: minibatch_size only sets the count `m`
     popts = ppo.options(a, loss, discrete=spec.discrete, masked=spec.delayed_reset, unroll=loop_free,
@@ -81,7 +82,7 @@ def init_runner(setup: Setup, env, seed: int, hyper=None) -> RunnerState:
         train = jax.lax.map(init, keys)
     else:
         train = jax.vmap(init)(keys)
-    actor = init_actor(env, env_key, S)
+    actor = init_actor(env, env_key, S, setup.network, setup.rollout_opts.mask_actions)
     keys = rng.unwrap(jax.random.split(run_key, S))
     return RunnerState(train, actor, keys, jnp.zeros((), jnp.int32))
 
@@ -89,7 +90,7 @@ def init_runner(setup: Setup, env, seed: int, hyper=None) -> RunnerState:
 def make_update_step(setup: Setup, env):
     """`step(runner) -> (runner, metrics)`: one rollout and one PPO update per seed."""
     apply_fn = setup.network.apply
-    rollout = make_rollout(env, apply_fn, setup.rollout_opts)
+    rollout = make_rollout(env, setup.network, setup.rollout_opts)
     update = jax.vmap(ppo.make_update(apply_fn, setup.ppo_opts),
                       spmd_axis_name=meshes.SEEDS if setup.mesh is not None else None)
 

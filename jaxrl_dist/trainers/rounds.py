@@ -22,8 +22,9 @@ import numpy as np
 
 from jaxrl_dist.backends import BackendError, SlotTable, make_backend, wire
 from jaxrl_dist.backends.shard import ShardProgram, slot_init_key, spec_from_config
-from jaxrl_dist.config import Config
+from jaxrl_dist.config import Config, check_policy
 from jaxrl_dist.core.learner import init_train, make_learner, update_sharding
+from jaxrl_dist.core.networks import is_recurrent
 from jaxrl_dist.core.types import TrainState
 from jaxrl_dist.envs import resolve_suite
 from jaxrl_dist.scheduling.records import Record, steps_done
@@ -70,7 +71,9 @@ def shard_program(cfg: Config) -> ShardProgram:
     learns it is continuous from a first probe of the env)."""
     suite = resolve_suite(cfg.env.id, cfg.env.suite)
     probe = ShardProgram(spec_from_config(cfg, suite, False))
-    spec = spec_from_config(cfg, suite, not probe.env.spec.discrete)
+    env = probe.env.spec
+    mask = check_policy(cfg, suite, is_recurrent(probe.network), env.masked)
+    spec = spec_from_config(cfg, suite, not env.discrete, mask)
     return probe if spec == probe.spec else ShardProgram(spec)
 
 
