@@ -60,6 +60,9 @@ class EnvConfig:
     clip_reward: float = 10.0
     num_threads: int = 0  # envpool worker threads; 0 lets envpool choose
     kwargs: Dict[str, Any] = field(default_factory=dict)  # extra arguments to the env maker
+    wrapper: Optional[str] = None  # an env wrapper around the env (hide, or a plugin's name); null: none
+    # the wrapper's options (hide: indices); unused without a wrapper
+    wrapper_options: Dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         _positive("env", self, "num_envs")
@@ -94,6 +97,9 @@ class AlgoConfig:
     loss_options: Dict[str, Any] = field(default_factory=dict)  # a plugin loss's options
     hidden_sizes: Tuple[int, ...] = (64, 64)
     activation: str = "tanh"  # tanh | relu
+    # sample only the legal actions of an env that gives them (`StepOut.action_mask`):
+    # true | false (the policy ignores the mask: the control) | auto (on where the env masks)
+    action_mask: Any = "auto"
 
     def check(self) -> None:
         _positive("algo", self, "total_timesteps", "num_steps", "update_epochs", "num_minibatches", "lr")
@@ -104,6 +110,24 @@ class AlgoConfig:
             require(0.0 <= getattr(self, key) <= 1.0, f"algo.{key} must be in [0, 1], got {getattr(self, key)}")
         require(bool(self.hidden_sizes) and all(h > 0 for h in self.hidden_sizes),
                 f"algo.hidden_sizes must be positive sizes, got {list(self.hidden_sizes)}")
+        resolve_auto(self.action_mask, "algo.action_mask", False)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether `network` names a built-in recurrent network (a plugin's is known once built)."""
+        return self.network in RECURRENT_NETWORKS
+
+    def check_sequences(self, envs: int, what: str) -> None:
+        """A recurrent update's minibatches are whole sequences of `algo.num_steps`, split
+        by env: the size must be a whole number of them, the count must divide `envs`."""
+        if self.minibatch_size is not None:
+            require(self.minibatch_size % self.num_steps == 0,
+                    f"algo.minibatch_size={self.minibatch_size} is not a whole number of sequences of "
+                    f"algo.num_steps={self.num_steps} (algo.network={self.network} splits minibatches by env)")
+        else:
+            require(envs % self.num_minibatches == 0,
+                    f"algo.num_minibatches={self.num_minibatches} does not divide {what}={envs} "
+                    f"(algo.network={self.network} splits minibatches by env)")
 
     def check_split(self, batch: int, what: str) -> None:
         """The batch splits evenly into minibatches (by count, or by `minibatch_size`)."""
@@ -530,8 +554,12 @@ class Config:
         batch = self.env.num_envs * self.algo.num_steps
         if self.trainer.name == "fused":
             self.algo.check_split(batch, "the batch env.num_envs*algo.num_steps")
+            if self.algo.recurrent:
+                self.algo.check_sequences(self.env.num_envs, "env.num_envs")
         else:
             self._check_rounds()
+            if self.algo.recurrent:
+                self.algo.check_sequences(self.backend.envs_per_shard, "backend.envs_per_shard")
         require(self.algo.total_timesteps >= batch,
                 f"algo.total_timesteps={self.algo.total_timesteps} is smaller than one batch ({batch})")
 
@@ -557,6 +585,29 @@ class Config:
         require(not ("algo.num_minibatches" in keys and self.algo.minibatch_size is not None),
                 f"algo.num_minibatches: ignored while algo.minibatch_size={self.algo.minibatch_size} is set; "
                 "set algo.minibatch_size=null to use it")
+
+
+RECURRENT_NETWORKS = ("gru", "lstm")  # `core.networks.RECURRENT`, named here without importing JAX
+# suites whose step resets an ended episode itself, which a recurrent policy's carry reset follows
+RECURRENT_SUITES_REFUSED = {"envpool": "envpool resets on the step after an episode's end"}
+
+
+def check_policy(cfg: Config, suite: str, recurrent: bool, env_masked: bool) -> bool:
+    """The support table's checks of a built policy on its env (before any compile):
+    a recurrent network where the suite or the trainer's mesh cannot carry it, or a mask
+    the env does not give, is one line naming the keys. Returns whether to mask actions."""
+    a = cfg.algo
+    if recurrent:
+        why = RECURRENT_SUITES_REFUSED.get(suite)
+        require(why is None, f"algo.network={a.network} with env.suite={suite} ({cfg.env.id}): recurrent "
+                f"policies are not supported there ({why}); see the README's support table")
+        require(requested_devices(cfg.trainer) == 1,
+                f"algo.network={a.network} with trainer.devices={cfg.trainer.devices}: a recurrent update "
+                "is not split over a data mesh; use trainer.devices=1 (seeds still spread over devices)")
+    mask = resolve_auto(a.action_mask, "algo.action_mask", env_masked)
+    require(not mask or env_masked, f"algo.action_mask=true with env.id={cfg.env.id} ({suite}): "
+            "this env gives no legal actions to mask")
+    return mask
 
 
 def validate(cfg: Config) -> Config:

@@ -37,7 +37,8 @@ from jaxrl_dist.core import networks
 from jaxrl_dist.core.networks import BUILTIN, NETWORKS, is_frame_stack, make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import ActorState, Transition
-from jaxrl_dist.envs import SUITES, EnvMakeError, make_env
+from jaxrl_dist.envs import SUITES, make_env
+from jaxrl_dist.envs.wrappers import WRAPPERS
 from jaxrl_dist.registry import options as plugin_options
 
 # fold_in streams under the run's seed key
@@ -46,6 +47,16 @@ _SHARD_STREAM, _LEARN_STREAM, _SLOT_INIT_STREAM = 0, 1, 2
 
 class ShardError(ValueError):
     """A shard request that cannot run; the message names the field."""
+
+
+class SpecError(ShardError, ConfigError):
+    """A spec whose env (or env wrapper) this process cannot make: a config error as well,
+    so the driver's own program of a bad config exits 2 with the line."""
+
+
+# the config key an env error names -> the spec's field (the wrapper's before env.*)
+_ENV_FIELDS = (("env.wrapper_options", "env_wrapper_options"), ("env.wrapper", "env_wrapper"),
+               ("env.kwargs", "env_kwargs"))
 
 
 def field_name(key) -> str:
@@ -74,10 +85,19 @@ class ShardSpec:
     env_kwargs: str = "{}"  # JSON, so the spec stays hashable
     num_threads: int = 0  # envpool worker threads per slot's pool; 0 lets envpool choose
     network_options: str = "{}"  # JSON: a plugin network's options
+    env_wrapper: str = ""  # a registered env wrapper around the env (`envs.wrappers`); "": none
+    env_wrapper_options: str = "{}"  # JSON: its options
+    mask_actions: bool = False  # sample only the env's legal actions (`algo.action_mask`)
 
     def to_dict(self) -> dict:
+        """Plain data; without the env wrapper's fields when there is none, so a request
+        without one is what a worker from before them (same wire version) accepts."""
         d = dataclasses.asdict(self)
         d["hidden_sizes"] = list(self.hidden_sizes)
+        if not self.env_wrapper and self.env_wrapper_options == "{}":
+            del d["env_wrapper"], d["env_wrapper_options"]
+        if not self.mask_actions:
+            del d["mask_actions"]
         return d
 
     @classmethod
@@ -89,14 +109,15 @@ class ShardSpec:
         kinds = {"env_id": str, "suite": str, "num_envs": int, "num_steps": int, "network": str,
                  "hidden_sizes": (list, tuple), "activation": str, "normalize_obs": bool,
                  "normalize_reward": bool, "gamma": float, "clip_obs": float,
-                 "clip_reward": float, "env_kwargs": str, "num_threads": int, "network_options": str}
+                 "clip_reward": float, "env_kwargs": str, "num_threads": int, "network_options": str,
+                 "env_wrapper": str, "env_wrapper_options": str, "mask_actions": bool}
         unknown = [k for k in data if k not in kinds]
         if unknown:
             raise ShardError(f"spec.{field_name(unknown[0])}: unknown field")
         values = {}
         for name, kind in kinds.items():
             if name not in data:
-                if name in ("env_kwargs", "num_threads", "network_options"):  # optional: the defaults
+                if name in OPTIONAL:  # the defaults
                     continue
                 raise ShardError(f"spec.{name}: missing")
             values[name] = _checked(data[name], kind, f"spec.{name}")
@@ -127,13 +148,16 @@ class ShardSpec:
         for name in ("env_id", "suite", "network", "activation"):
             if not 0 < len(getattr(self, name)) <= MAX_NAME:
                 raise ShardError(f"spec.{name}: expected 1..{MAX_NAME} characters")
-        for name in ("env_kwargs", "network_options"):
+        if len(self.env_wrapper) > MAX_NAME:
+            raise ShardError(f"spec.env_wrapper: expected 0..{MAX_NAME} characters")
+        for name in ("env_kwargs", "network_options", "env_wrapper_options"):
             json_object(getattr(self, name), f"spec.{name}")
 
     def check_names(self) -> None:
-        """Suite, network and activation are names registered in this process; a plugin
-        network's options are checked by its own `Options`."""
+        """Suite, network, activation and env wrapper are names registered in this process;
+        a plugin network's and the wrapper's options are checked by their own `Options`."""
         _check_names(self.suite, self.network, self.activation, self.network_options)
+        _check_wrapper(self.env_wrapper, self.env_wrapper_options)
 
     @property
     def sticky(self) -> bool:
@@ -144,13 +168,17 @@ class ShardSpec:
 MAX_LAYERS = 8  # hidden layers a request may ask for
 MAX_CLIP = 1e6
 MAX_NAME = 128  # characters of an env id, suite, network or activation name
-MAX_JSON = 4096  # characters of a JSON field (env_kwargs, network_options)
+MAX_JSON = 4096  # characters of a JSON field (env_kwargs, network_options, env_wrapper_options)
+MAX_LIST = 64  # items of a list in a JSON field (a wrapper's indices)
+OPTIONAL = ("env_kwargs", "num_threads", "network_options", "env_wrapper", "env_wrapper_options",
+            "mask_actions")
 ACTIVATIONS = tuple(networks._ACTIVATIONS)  # what the built-in networks take (algo.activation)
 
 
 def json_object(text: str, name: str) -> dict:
-    """A spec's JSON field as a flat object of scalars (nested values are refused: nothing
-    a request sends needs them, and they are how a parser is made to recurse)."""
+    """A spec's JSON field as a flat object of scalars and flat lists of at most `MAX_LIST`
+    numbers or strings (anything deeper is refused: nothing a request sends needs it, and
+    nesting is how a parser is made to recurse)."""
     if len(text) > MAX_JSON:
         raise ShardError(f"{name}: over {MAX_JSON} characters")
     try:
@@ -160,9 +188,19 @@ def json_object(text: str, name: str) -> dict:
     if not isinstance(value, dict):
         raise ShardError(f"{name}: expected a JSON object, got {type(value).__name__}")
     for key, item in value.items():
-        if isinstance(item, (dict, list)):
-            raise ShardError(f"{name}.{field_name(key)}: expected a scalar, got {type(item).__name__}")
+        if isinstance(item, list):
+            _flat_list(item, f"{name}.{field_name(key)}")
+        elif isinstance(item, dict):
+            raise ShardError(f"{name}.{field_name(key)}: expected a scalar or a list, got {type(item).__name__}")
     return value
+
+
+def _flat_list(items: list, name: str) -> None:
+    if len(items) > MAX_LIST:
+        raise ShardError(f"{name}: over {MAX_LIST} items")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, float, str)):
+            raise ShardError(f"{name}: expected a list of numbers or strings, got a {type(item).__name__} in it")
 
 
 @functools.lru_cache(maxsize=256)  # plugins are found once per process: a registry scan is slow
@@ -187,6 +225,23 @@ def _check_names(suite: str, network: str, activation: str, network_options: str
         raise ShardError(str(err)) from err
 
 
+@functools.lru_cache(maxsize=256)
+def _check_wrapper(name: str, options: str) -> None:
+    given = json_object(options, "spec.env_wrapper_options")
+    if not name:
+        if given:
+            raise ShardError(f"spec.env_wrapper_options.{field_name(sorted(given)[0])}: "
+                             "set without spec.env_wrapper")
+        return
+    if name not in WRAPPERS.names():
+        raise ShardError(f"spec.env_wrapper: {name[:64]!r} is not a registered env wrapper "
+                         f"({', '.join(WRAPPERS.names())})")
+    try:
+        plugin_options(WRAPPERS.get(name), given, "spec.env_wrapper_options")
+    except ConfigError as err:
+        raise ShardError(str(err)) from err
+
+
 def _checked(value, kind, name: str):
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -196,13 +251,15 @@ def _checked(value, kind, name: str):
     return value
 
 
-def spec_from_config(cfg: Config, suite: str, continuous: bool) -> ShardSpec:
+def spec_from_config(cfg: Config, suite: str, continuous: bool, mask_actions: bool = False) -> ShardSpec:
     d, a = derive(cfg, continuous), cfg.algo
     return ShardSpec(cfg.env.id, suite, cfg.backend.envs_per_shard, a.num_steps, a.network,
                      tuple(a.hidden_sizes), a.activation, d.normalize_obs, d.normalize_reward,
                      a.gamma, cfg.env.clip_obs, cfg.env.clip_reward,
                      json.dumps(cfg.env.kwargs, sort_keys=True), cfg.env.num_threads,
-                     json.dumps(a.network_options, sort_keys=True))
+                     json.dumps(a.network_options, sort_keys=True), cfg.env.wrapper or "",
+                     json.dumps(cfg.env.wrapper_options if cfg.env.wrapper else {}, sort_keys=True),
+                     mask_actions)
 
 
 def learn_key(seed, round_):
@@ -258,10 +315,12 @@ class ShardProgram:
         self.spec = spec
         try:
             self.env = make_env(spec.env_id, spec.num_envs, spec.suite, env_seed, spec.num_threads,
-                                json.loads(spec.env_kwargs))
-        except EnvMakeError as err:  # name the spec's field, as for every other bad value
-            field = "env_kwargs" if "env.kwargs" in str(err) else "env_id"
-            raise ShardError(f"spec.{field}: {' '.join(str(err).split())}") from err
+                                json.loads(spec.env_kwargs), spec.env_wrapper or None,
+                                json.loads(spec.env_wrapper_options))
+        except ConfigError as err:  # name the spec's field, as for every other bad value
+            text = str(err)
+            field = next((f for k, f in _ENV_FIELDS if k in text), "env_id")
+            raise SpecError(f"spec.{field}: {' '.join(text.split())}") from err
         if spec.network == "cnn" and not is_frame_stack(self.env.spec.obs_shape):
             raise ShardError(f"spec.network: 'cnn' needs [C, H, W] frames of at least 36x36; "
                              f"{spec.env_id} observes {list(self.env.spec.obs_shape)}")
@@ -275,7 +334,7 @@ class ShardProgram:
     def opts(self, k: int) -> RolloutOptions:
         s = self.spec
         return RolloutOptions(s.num_steps, k, s.normalize_obs, s.normalize_reward, s.gamma,
-                              s.clip_obs, s.clip_reward)
+                              s.clip_obs, s.clip_reward, mask_actions=s.mask_actions)
 
     def stacked(self, k: int):
         """Jitted `run(params, actors[k], keys[k, 2]) -> (actors, traj[T, k, B], bootstrap[k, B])`.
@@ -285,7 +344,7 @@ class ShardProgram:
         depend on the slots beside it.
         """
         if k not in self._stacked:
-            rollout = make_rollout(self.env, self.network.apply, self.opts(k))
+            rollout = make_rollout(self.env, self.network, self.opts(k))
 
             def run(params, actors, keys):
                 tiled = jax.tree.map(lambda x: jnp.broadcast_to(x, (k,) + x.shape), params)
@@ -296,13 +355,14 @@ class ShardProgram:
 
     def init_slot(self, key) -> ActorState:
         """Fresh envs for one slot (`key` is a typed key)."""
-        return init_actor(self.env, key, 1)
+        return init_actor(self.env, key, 1, self.network, self.spec.mask_actions)
 
     def params_template(self):
         """Shapes and dtypes of the policy params (traced once, then cached)."""
         if not hasattr(self, "_params_template"):
-            dummy = jnp.zeros((1,) + tuple(self.env.spec.obs_shape), self.env.spec.obs_dtype)
-            self._params_template = jax.eval_shape(self.network.init, rng.key(0), dummy)
+            e = self.env.spec
+            self._params_template = jax.eval_shape(
+                lambda k: networks.init_params(self.network, e.obs_shape, e.obs_dtype, k), rng.key(0))
         return self._params_template
 
     def actor_template(self):
