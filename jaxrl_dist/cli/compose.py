@@ -26,7 +26,8 @@ from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER,
 # inside the package, so a plain (non-editable) install finds them from any directory
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # open mappings: their keys are the env maker's or a plugin's, not the schema's
-OPEN = ("env.kwargs", "algo.network_options", "algo.loss_options", "backend.options", "scheduler.options")
+OPEN = ("env.kwargs", "env.wrapper_options", "algo.network_options", "algo.loss_options", "backend.options",
+        "scheduler.options")
 
 
 def one_line(err: Exception) -> str:

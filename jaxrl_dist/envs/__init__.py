@@ -9,11 +9,11 @@ installed suite that has the id: gymnax, envpool, brax, then plugins by name.
 from __future__ import annotations
 
 from jaxrl_dist.core.networks import is_frame_stack
-from jaxrl_dist.config import ConfigError
+from jaxrl_dist.config import ConfigError, EnvConfig
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
 from jaxrl_dist.registry import Registry
 
-__all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "make_env", "resolve_suite"]
+__all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "env_of", "make_env", "resolve_suite"]
 
 SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
                   {"gymnax": "jaxrl_dist.envs.gymnax_env:GymnaxSuite",
@@ -56,13 +56,25 @@ def resolve_suite(env_id: str, suite: str = "auto") -> str:
 
 
 def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
-             num_threads: int = 0, kwargs: dict | None = None) -> EnvAdapter:
-    """A flat batch of `num_envs` envs of `env_id` from the suite that has it."""
+             num_threads: int = 0, kwargs: dict | None = None, wrapper: str | None = None,
+             wrapper_options: dict | None = None) -> EnvAdapter:
+    """A flat batch of `num_envs` envs of `env_id` from the suite that has it, inside the
+    env wrapper `wrapper` (`envs.wrappers.WRAPPERS`) with `wrapper_options` when given."""
+    from jaxrl_dist.envs.wrappers import check_wrapper, wrap
+
+    check_wrapper(wrapper, wrapper_options)  # before the env: a misspelt name builds none
     suite = resolve_suite(env_id, suite)
     try:
-        return _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
+        env = _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
     except TypeError as err:  # an env.kwargs entry the maker does not take
         raise EnvMakeError(f"env.kwargs not accepted by {suite} {env_id!r}: {err}") from err
+    return wrap(env, wrapper, wrapper_options)
+
+
+def env_of(env: EnvConfig, num_envs: int, seed: int) -> EnvAdapter:
+    """`make_env` for a config's `env` group: `num_envs` envs of it, seeded `seed`."""
+    return make_env(env.id, num_envs, env.suite, seed, env.num_threads, env.kwargs, env.wrapper,
+                    env.wrapper_options)
 
 
 def task_family(spec) -> str:

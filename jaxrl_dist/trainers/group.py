@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxrl_dist.config import Config, key_kind, to_dict
 from jaxrl_dist.core import ppo
-from jaxrl_dist.envs import make_env, resolve_suite
+from jaxrl_dist.envs import env_of, resolve_suite
 from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.logger import chunk_records
 from jaxrl_dist.trainers.progress import RecentReturn, make_display
@@ -124,7 +124,7 @@ def _init_members(setup: fused.Setup, members: Sequence[Member]):
         n = m.cfg.num_seeds
         if n not in inits:
             c = setup.cfg
-            env = make_env(c.env.id, c.env.num_envs * n, c.env.suite, c.seed, c.env.num_threads, c.env.kwargs)
+            env = env_of(c.env, c.env.num_envs * n, c.seed)
             mine = _member_setup(setup, dataclasses.replace(c, num_seeds=n))
             inits[n] = jax.jit(lambda seed, hyper, mine=mine, env=env: fused.init_runner(mine, env, seed, hyper))
         parts.append(inits[n](m.cfg.seed, ppo.hyper(m.cfg.algo)))
@@ -225,8 +225,7 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
         lo += cfg.num_seeds
     first = members[0].cfg
     base = dataclasses.replace(first, num_seeds=lo, run=dataclasses.replace(first.run, dir=str(members[0].run_dir)))
-    env = make_env(base.env.id, base.env.num_envs * lo, base.env.suite, base.seed, base.env.num_threads,
-                   base.env.kwargs)
+    env = env_of(base.env, base.env.num_envs * lo, base.seed)
     setup = fused.make_setup(base, env.spec)
     K = fused.chunk_size(setup.derived.num_updates, base.run.log_chunks, base.run.checkpoint_every, setup.loop_free)
     with interrupt.stop_on_sigint("chunk"):

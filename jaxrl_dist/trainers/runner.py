@@ -28,7 +28,7 @@ from pathlib import Path
 import jax
 
 from jaxrl_dist.config import Config
-from jaxrl_dist.envs import make_env
+from jaxrl_dist.envs import env_of
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import AsyncTrainer
 from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
@@ -222,8 +222,7 @@ def _profiling(trace_dir):
 
 def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
     """The env, setup, checkpointer and chunk size of a fused run (its config saved)."""
-    env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
-                   cfg.env.num_threads, cfg.env.kwargs)
+    env = env_of(cfg.env, cfg.env.num_envs * cfg.num_seeds, cfg.seed)
     setup = fused.make_setup(cfg, env.spec)
     K = fused.chunk_size(setup.derived.num_updates, cfg.run.log_chunks, cfg.run.checkpoint_every,
                          setup.loop_free)
