@@ -16,6 +16,7 @@ normalisation applied. Statistics by trainer:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -26,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, derive
+from jaxrl_dist.config import Config, ConfigError, derive, resolve_auto
 from jaxrl_dist.core import normalize
-from jaxrl_dist.core.networks import make_network
+from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, mask_logits
+from jaxrl_dist.core.networks import step as step_policy
 from jaxrl_dist.core.types import RunningMoments
-from jaxrl_dist.envs import make_env
+from jaxrl_dist.envs import env_of
 from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, load_run_config
 from jaxrl_dist.trainers.rounds import state_template as shard_template
 from jaxrl_dist.trainers.runner import state_template as fused_template
@@ -39,18 +41,45 @@ EVAL_FILE = "eval.json"
 VIDEO_FILE = "eval.mp4"  # episode 0, with eval.video=true
 
 
-class Policy(NamedTuple):
-    """`act(obs[N, ...], key=None) -> action[N, ...]`, and what it was built from."""
+@dataclasses.dataclass
+class Policy:
+    """`policy(obs[N, ...], key=None, mask=None, reset=None) -> action[N, ...]`, and what
+    it was built from.
 
-    act: Any
+    A recurrent policy keeps its hidden state between calls (one per env of the batch,
+    started afresh when the batch size changes): `reset()` starts every env's episode
+    again, and `reset=[N] bool` in a call restarts those envs' before they act. `mask`
+    (`[N, A]` bool) are the legal actions of an env that gives them; the policy never
+    picks another."""
+
+    act: Any  # jitted `(params, carry, obs, key, mask, reset) -> (carry, action)`
     config: Config
     spec: Any
     params: Any
     obs_moments: Optional[RunningMoments]  # None: the run did not normalise observations
     step: int  # the checkpoint's update (fused) or round (sync, async) counter
+    network: Any = None
+    carry: Any = None  # recurrent: the hidden state of the last call's envs
 
-    def __call__(self, obs, key=None):
-        return self.act(obs, key)
+    @property
+    def recurrent(self) -> bool:
+        return is_recurrent(self.network)
+
+    def reset(self) -> None:
+        """Forget the hidden state: the next call starts every env's episode."""
+        self.carry = None
+
+    def __call__(self, obs, key=None, mask=None, reset=None):
+        obs = jnp.asarray(obs)
+        n = obs.shape[0]
+        fresh = self.carry is None or jax.tree.leaves(self.carry)[0].shape[0] != n
+        if self.recurrent and fresh:
+            self.carry, reset = initial_carry(self.network, n), jnp.ones((n,), bool)
+        reset = jnp.zeros((n,), bool) if reset is None else jnp.asarray(reset, bool)
+        key = jax.random.PRNGKey(0) if key is None else key
+        mask = None if mask is None else jnp.asarray(mask, bool)
+        self.carry, action = self.act(self.params, self.carry, obs, key, mask, reset)
+        return action
 
 
 def saved_state(cfg: Config, run_dir) -> tuple:
@@ -64,8 +93,7 @@ def saved_state(cfg: Config, run_dir) -> tuple:
         if step is None:
             raise ConfigError(f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}")
         if cfg.trainer.name == "fused":
-            env = make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds, cfg.env.suite, cfg.seed,
-                           cfg.env.num_threads, cfg.env.kwargs)
+            env = env_of(cfg.env, cfg.env.num_envs * cfg.num_seeds, cfg.seed)
             template = fused_template(cfg, env)
         else:
             template = shard_template(cfg)
@@ -108,29 +136,31 @@ def _params_and_moments(cfg: Config, state, seed_index: int) -> tuple:
 
 
 def _act_fn(network, spec, moments, clip_obs: float, deterministic: bool):
-    def act(params, obs, key):
+    def act(params, carry, obs, key, mask, reset):
         if moments is not None:
             obs = normalize.normalize(moments, obs, clip_obs)
-        out = network.apply(params, obs)
+        carry, out = step_policy(network, params, carry, obs, reset)
+        out = mask_logits(out, mask)
         if spec.discrete:
-            return jnp.argmax(out.logits, -1) if deterministic else jax.random.categorical(key, out.logits)
+            pick = jnp.argmax(out.logits, -1) if deterministic else jax.random.categorical(key, out.logits)
+            return carry, pick
         action = out.logits
         if not deterministic:
             action = action + jnp.exp(out.log_std) * jax.random.normal(key, action.shape, action.dtype)
-        return jnp.clip(action, spec.action_low, spec.action_high)
+        return carry, jnp.clip(action, spec.action_low, spec.action_high)
 
     return jax.jit(act)
 
 
 def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Policy:
-    """The run's latest policy as a jitted `obs[N, ...] -> action[N, ...]` callable.
+    """The run's latest policy as a `Policy`: `policy(obs[N, ...]) -> action[N, ...]`.
 
     `deterministic`: the most likely action (argmax, or the Gaussian mean clipped to
     the action bounds); else a sample (pass `key`). See the module doc for which
     observation statistics are applied.
     """
     cfg = load_run_config(Path(run_dir))
-    env = make_env(cfg.env.id, 1, cfg.env.suite, cfg.seed, cfg.env.num_threads, cfg.env.kwargs)
+    env = env_of(cfg.env, 1, cfg.seed)
     spec = env.spec
     a = cfg.algo
     network = make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
@@ -142,18 +172,26 @@ def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Pol
                           "(trainer=sync/async); only a fused run of this env can be loaded")
     moments = moments if normalise else None
     fn = _act_fn(network, spec, moments, cfg.env.clip_obs, deterministic)
-    params = jax.tree.map(jnp.asarray, params)
-    act = lambda obs, key=None: fn(params, obs, jax.random.PRNGKey(0) if key is None else key)  # noqa: E731
-    return Policy(act, cfg, spec, params, moments, step)
+    return Policy(fn, cfg, spec, jax.tree.map(jnp.asarray, params), moments, step, network)
 
 
-def _episode_step(env, policy: Policy):
-    def step(state, obs, key):
+def _episode_step(env, policy: Policy, masked: bool):
+    """One jitted step of the env batch under the policy: `(state, obs, mask, carry, ...)`."""
+
+    def step(params, carry, state, obs, mask, key):
         act_key, env_key = jax.random.split(key)
-        state, out = env.step(state, policy.act(obs, act_key), env_key)
-        return state, out.obs, out.log_reward, out.valid, out.episode_end
+        reset = jnp.zeros((obs.shape[0],), bool)
+        carry, action = policy.act(params, carry, obs, act_key, mask, reset)
+        state, out = env.step(state, action, env_key)
+        mask = out.action_mask if masked else None
+        return state, out.obs, mask, carry, out.log_reward, out.valid, out.episode_end
 
     return jax.jit(step)
+
+
+def masks_actions(cfg: Config, spec) -> bool:
+    """Whether a run of `cfg` sampled only the legal actions of its env."""
+    return spec.masked and resolve_auto(cfg.algo.action_mask, "algo.action_mask", True)
 
 
 def run_episodes(env, policy: Policy, seed: int, max_steps: int, record: bool = False) -> tuple:
@@ -164,7 +202,10 @@ def run_episodes(env, policy: Policy, seed: int, max_steps: int, record: bool = 
     n = env.num_envs
     key, reset_key = jax.random.split(jax.random.PRNGKey(seed))
     state, obs = env.reset(reset_key)
-    step = _episode_step(env, policy)
+    masked = masks_actions(policy.config, env.spec)
+    mask = env.action_mask(state) if masked else None
+    carry = initial_carry(policy.network, n)  # each env plays one episode from a fresh carry
+    step = _episode_step(env, policy, masked)
     ret, length = np.zeros(n), np.zeros(n, np.int64)
     done_ret, done_len, finished = np.full(n, np.nan), np.zeros(n, np.int64), np.zeros(n, bool)
     frames = []
@@ -172,7 +213,7 @@ def run_episodes(env, policy: Policy, seed: int, max_steps: int, record: bool = 
         if record and not finished[0]:
             frames.append(env.frame(state, 0, obs))
         key, sub = jax.random.split(key)
-        state, obs, reward, valid, end = step(state, obs, sub)
+        state, obs, mask, carry, reward, valid, end = step(policy.params, carry, state, obs, mask, sub)
         valid, end = np.asarray(valid), np.asarray(end) & ~finished
         ret += np.where(valid, np.asarray(reward), 0.0)
         length += valid
@@ -244,7 +285,7 @@ def evaluate(run_dir, opts) -> dict:
     and returns `RUN_DIR/eval.json`."""
     policy = load_policy(run_dir, opts.deterministic, opts.seed_index)
     cfg = policy.config
-    env = make_env(cfg.env.id, opts.episodes, cfg.env.suite, opts.seed, cfg.env.num_threads, cfg.env.kwargs)
+    env = env_of(cfg.env, opts.episodes, opts.seed)
     if opts.video and not hasattr(env, "frame"):
         raise ConfigError(f"eval.video: the {cfg.env.suite} env {cfg.env.id} cannot render")
     returns, lengths, frames = run_episodes(env, policy, opts.seed, opts.max_steps, opts.video)

@@ -38,6 +38,7 @@ from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
 
 EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
+EXIT_NO_LEGAL_ACTION = 4  # the env allowed no action where the policy had to act
 LOG = logging.getLogger("jaxrl_dist.train")
 RAY_LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address; this stays on loopback
 _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
@@ -69,8 +70,10 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
         raise ConfigError(hydra_message(err)) from None
     if not config.run.resume:  # a resumed run checks the config saved with it
         from jaxrl_dist.envs import resolve_suite  # the env suites import JAX
+        from jaxrl_dist.envs.wrappers import check_wrapper
 
         resolve_suite(config.env.id, config.env.suite)
+        check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
     return config
 
 
@@ -160,6 +163,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     """Validate (a multirun job; a single run was checked before Hydra wrote anything),
     prepare JAX, train; the summary's `run.objective` (for sweepers)."""
     from jaxrl_dist.backends import BackendError  # imports JAX
+    from jaxrl_dist.trainers.logger import NoLegalAction
 
     try:
         config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
@@ -178,6 +182,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk
         raise JobFailed(f"error: {one_line(err)}", EXIT_BACKEND_ERROR) from None
+    except NoLegalAction as err:
+        raise JobFailed(f"error: {config.env.id}: {one_line(err)}", EXIT_NO_LEGAL_ACTION) from None
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
         LOG.info("%s", err)
         print(err, file=sys.stderr, flush=True)

@@ -83,6 +83,20 @@ def episode_metrics(done_return, done, axis=None) -> dict:
             "return_mean": jnp.where(count > 0, ret_sum / jnp.maximum(count, 1.0), jnp.nan)}
 
 
+def mask_metrics(traj, axis=None) -> dict:
+    """Of a masked env's trajectory (reduced over `axis`): `illegal_actions`, the actions
+    the envs received that were not legal in their state (as the envs counted them), and
+    `no_legal_actions`, the steps the policy had to act on with no legal action (an
+    error the trainers raise: see `trainers.logger.check_legal`). Empty for other envs."""
+    out = {}
+    if traj.illegal is not None:
+        out["illegal_actions"] = (traj.illegal & traj.valid).sum(axis=axis).astype(jnp.float32)
+    if traj.action_mask is not None:
+        stuck = ~traj.action_mask.any(-1) & traj.valid
+        out["no_legal_actions"] = stuck.sum(axis=axis).astype(jnp.float32)
+    return out
+
+
 def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
     """`learn(train, traj[T,K,B], boot[K,B], n, key, lag=None) -> (train, metrics)`, not
     jitted (the learned scheduler's training runs it inside its own program).
@@ -100,6 +114,7 @@ def make_learn_fn(apply_fn, opts: ppo.PPOOptions):
         stale = None if lag is None else by_sample((jnp.asarray(lag) > 0)[None, :, None])
         train, metrics = update(train, flat, boot.reshape(-1), key, by_sample(real), stale)
         metrics.update(episode_metrics(flat.done_return, flat.done))
+        metrics.update(mask_metrics(flat))
         return train, metrics
 
     return learn

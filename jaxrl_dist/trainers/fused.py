@@ -101,6 +101,7 @@ def make_update_step(setup: Setup, env):
         seed_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)
         train, metrics = update(runner.train, seed_major, last_value, keys[:, 2])
         metrics.update(learner.episode_metrics(traj.done_return, traj.done, axis=(0, 2)))
+        metrics.update(learner.mask_metrics(traj, axis=(0, 2)))
         return RunnerState(train, actor, rng.unwrap(keys[:, 0]), runner.update + 1), metrics
 
     return step

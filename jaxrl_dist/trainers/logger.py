@@ -22,6 +22,27 @@ from jaxrl_dist.trainers.progress import Progress, RoundBudget
 EPISODE_KEYS = ("episode_return_sum", "episodes", "return_mean")
 
 
+class NoLegalAction(RuntimeError):
+    """The policy had to act where its env allowed no action (`learner.mask_metrics`)."""
+
+
+def check_legal(metrics: dict, first_update: int, steps_per_update: int = 0) -> None:
+    """`NoLegalAction` naming the first update (and its env steps, where given) in which
+    a policy acted on an observation with no legal action; `metrics` are `[K, ...]`
+    arrays from update `first_update` on, or one update's scalars."""
+    stuck = metrics.get("no_legal_actions")
+    if stuck is None:
+        return
+    stuck = np.asarray(stuck, np.float64)
+    per_update = stuck.reshape(stuck.shape[0], -1).sum(axis=1) if stuck.ndim else stuck.reshape(1)
+    bad = np.flatnonzero(per_update > 0)
+    if bad.size:
+        u = first_update + int(bad[0])
+        steps = f" (env steps {(u - 1) * steps_per_update:,}-{u * steps_per_update:,})" if steps_per_update else ""
+        raise NoLegalAction(f"no legal action at {int(per_update[bad[0]])} step(s) the policy acted on in "
+                            f"update {u}{steps}: the env's action mask was all false on a live step")
+
+
 def loss_keys(metrics: dict) -> list:
     """The update's loss metrics, whatever the loss named them (order kept)."""
     return [k for k in metrics if k not in EPISODE_KEYS]
@@ -49,6 +70,7 @@ def chunk_records(metrics: dict, first_update: int, steps_per_update: int, sps: 
     arrays are reduced and turned into Python floats once per chunk, not per
     update (the same numbers: a row's mean is the same reduction either way).
     """
+    check_legal(metrics, first_update, steps_per_update)
     returns = _seed_means(metrics["return_mean"])
     losses = {name: np.mean(metrics[name], axis=1).tolist() for name in loss_keys(metrics)}
     # per-seed sums, so final returns can be recomputed from the file

@@ -32,7 +32,7 @@ from jaxrl_dist.scheduling.target import TARGET_ROUNDS, reached, recent_return
 from jaxrl_dist.trainers import checkpoint, status
 from jaxrl_dist.trainers.accounting import Clocks, Laps, cost_figures, fresh_clock, phase_figures
 from jaxrl_dist.trainers.compile_clock import CompileClock
-from jaxrl_dist.trainers.logger import final_returns, loss_keys, nan_to_none, truncate_records
+from jaxrl_dist.trainers.logger import check_legal, final_returns, loss_keys, nan_to_none, truncate_records
 from jaxrl_dist.trainers.progress import RoundBudget
 from jaxrl_dist.trainers.rundir import METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb, run_metadata
 from jaxrl_dist.trainers.summary import RoundFigures, RunSummary
@@ -147,6 +147,7 @@ def recent_return_of(records: list, min_episodes: int):
 def update_record(metrics, **fields) -> Record:
     """A round's (or async update's) record: the update's metrics (return, losses,
     episode sums of its one seed) and the trainer's `fields`, by keyword."""
+    check_legal(metrics, fields["update"])
     return Record(ret=nan_to_none(metrics["return_mean"]),
                   losses={k: nan_to_none(metrics[k]) for k in loss_keys(metrics)},
                   episode_return_sum=(float(metrics["episode_return_sum"]),),
