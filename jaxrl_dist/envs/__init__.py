@@ -18,8 +18,9 @@ __all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "env_of", "make_env", "resolv
 SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
                   {"gymnax": "jaxrl_dist.envs.gymnax_env:GymnaxSuite",
                    "envpool": "jaxrl_dist.envs.envpool_env:EnvpoolSuite",
-                   "brax": "jaxrl_dist.envs.brax_env:BraxSuite"})
-_FIRST = ("gymnax", "envpool", "brax")  # `auto` tries these before plugins
+                   "brax": "jaxrl_dist.envs.brax_env:BraxSuite",
+                   "jumanji": "jaxrl_dist.envs.jumanji_env:JumanjiSuite"})
+_FIRST = ("gymnax", "envpool", "brax", "jumanji")  # `auto` tries these before plugins
 
 
 def _suite(name: str):
