@@ -553,9 +553,9 @@ class Config:
         self.trainer.check(self.num_seeds)
         batch = self.env.num_envs * self.algo.num_steps
         if self.trainer.name == "fused":
-            self.algo.check_split(batch, "the batch env.num_envs*algo.num_steps")
-            if self.algo.recurrent:
+            if self.algo.recurrent:  # first: it says why a size that divides the batch is refused
                 self.algo.check_sequences(self.env.num_envs, "env.num_envs")
+            self.algo.check_split(batch, "the batch env.num_envs*algo.num_steps")
         else:
             self._check_rounds()
             if self.algo.recurrent:
@@ -592,18 +592,25 @@ RECURRENT_NETWORKS = ("gru", "lstm")  # `core.networks.RECURRENT`, named here wi
 RECURRENT_SUITES_REFUSED = {"envpool": "envpool resets on the step after an episode's end"}
 
 
+def check_recurrent(cfg: Config, suite: str) -> None:
+    """The support table's refusals of a recurrent network (one line naming the keys): on
+    a suite whose envs step outside JAX, or over a trainer's data mesh."""
+    a = cfg.algo
+    why = RECURRENT_SUITES_REFUSED.get(suite)
+    require(why is None, f"algo.network={a.network} with env.suite={suite} ({cfg.env.id}): recurrent "
+            f"policies are not supported there ({why}); see the README's support table")
+    require(requested_devices(cfg.trainer) == 1,
+            f"algo.network={a.network} with trainer.devices={cfg.trainer.devices}: a recurrent update "
+            "is not split over a data mesh; use trainer.devices=1 (seeds still spread over devices)")
+
+
 def check_policy(cfg: Config, suite: str, recurrent: bool, env_masked: bool) -> bool:
     """The support table's checks of a built policy on its env (before any compile):
     a recurrent network where the suite or the trainer's mesh cannot carry it, or a mask
     the env does not give, is one line naming the keys. Returns whether to mask actions."""
     a = cfg.algo
     if recurrent:
-        why = RECURRENT_SUITES_REFUSED.get(suite)
-        require(why is None, f"algo.network={a.network} with env.suite={suite} ({cfg.env.id}): recurrent "
-                f"policies are not supported there ({why}); see the README's support table")
-        require(requested_devices(cfg.trainer) == 1,
-                f"algo.network={a.network} with trainer.devices={cfg.trainer.devices}: a recurrent update "
-                "is not split over a data mesh; use trainer.devices=1 (seeds still spread over devices)")
+        check_recurrent(cfg, suite)
     mask = resolve_auto(a.action_mask, "algo.action_mask", env_masked)
     require(not mask or env_masked, f"algo.action_mask=true with env.id={cfg.env.id} ({suite}): "
             "this env gives no legal actions to mask")

@@ -22,6 +22,7 @@ from test_phases import assert_phases_add_up
 
 from jaxrl_dist.backends import shard, wire
 from jaxrl_dist.config import from_dict
+from jaxrl_dist.core.networks import init_params
 from serving import TOKEN, Server, free_port
 
 AUTH = {"authorization": f"Bearer {TOKEN}", "content-type": "application/msgpack"}
@@ -34,12 +35,12 @@ def server():
     s.stop()
 
 
-def make_request(env_id="CartPole-v1", slot=2):
+def make_request(env_id="CartPole-v1", slot=2, network="auto"):
     cfg = from_dict({"trainer": "sync", "env": {"id": env_id}, "backend": {"name": "local", "envs_per_shard": 4},
-                     "algo": {"num_steps": 16, "num_minibatches": 2}})
+                     "algo": {"num_steps": 16, "num_minibatches": 2, "network": network}})
     spec = shard.spec_from_config(cfg, "gymnax", env_id == "Pendulum-v1")
     prog = shard.ShardProgram(spec)
-    params = prog.network.init(jax.random.key(0), np.zeros((1,) + prog.env.spec.obs_shape, np.float32))
+    params = init_params(prog.network, prog.env.spec.obs_shape, np.float32, jax.random.key(0))
     actor = prog.init_slot(shard.slot_init_key(0, slot))
     req = wire.ShardRequest(spec, slot, shard.shard_key(0, 1, slot), params, actor, "t", 0, 1)
     return prog, req
@@ -104,6 +105,11 @@ def test_malformed_bodies_are_400(server, body, headers, word):
 
 def _corrupt(req, path):
     prog, req = req
+    if path in ("carry_shape", "carry_dtype"):  # a GRU's hidden state in the slot state
+        carry = np.asarray(req.actor.carry)
+        bad = np.zeros(carry.shape[:-1] + (carry.shape[-1] + 1,), np.float32) if path == "carry_shape" \
+            else carry.astype(np.float16)
+        return req._replace(actor=req.actor._replace(carry=bad))
     if path == "params":
         params = jax.tree.map(lambda x: x, req.params)
         leaf = params["params"]["MLP_0"]["Dense_0"]["kernel"]
@@ -114,9 +120,10 @@ def _corrupt(req, path):
     raise ValueError(path)
 
 
-@pytest.mark.parametrize("case,word", [("params", "params"), ("dtype", "actor")])
+@pytest.mark.parametrize("case,word", [("params", "params"), ("dtype", "actor"), ("carry_shape", "actor.carry"),
+                                       ("carry_dtype", "actor.carry")])
 def test_wrong_shapes_or_dtypes_are_422(server, case, word):
-    req = _corrupt(make_request(), case)
+    req = _corrupt(make_request(network="gru" if case.startswith("carry") else "auto"), case)
     resp = post(server, wire.encode_request(req))
     assert resp.status_code == 422, resp.text
     assert resp.json()["error"].startswith(word)

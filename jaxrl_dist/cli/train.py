@@ -32,7 +32,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import SCHEMAS, Config, ConfigError, RayBackendConfig, distributed_config, from_job, to_dict
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, RayBackendConfig, check_recurrent, distributed_config,
+                               from_job, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
@@ -72,7 +73,9 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
         from jaxrl_dist.envs import resolve_suite  # the env suites import JAX
         from jaxrl_dist.envs.wrappers import check_wrapper
 
-        resolve_suite(config.env.id, config.env.suite)
+        suite = resolve_suite(config.env.id, config.env.suite)
+        if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
+            check_recurrent(config, suite)
         check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
     return config
 
