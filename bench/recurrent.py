@@ -40,8 +40,8 @@ ANCHOR = ["trainer=fused", "algo.network=gru", "env.id=CartPole-v1", "env.num_en
           "algo.activation=relu", "algo.network_options.hidden_size=128", "env.normalize_obs=false",
           "env.normalize_reward=false", "run.log_chunks=1"]
 MEMORY = {  # name -> the preset's overrides; each runs with the GRU and with the MLP
-    "cartpole_po": ["env=cartpole_po", "num_seeds=8"],
-    "memory_chain": ["env=memory_chain", "num_seeds=8"],
+    "cartpole_po": ["trainer=fused", "env=cartpole_po", "num_seeds=8"],
+    "memory_chain": ["trainer=fused", "env=memory_chain", "num_seeds=8"],
 }
 
 
@@ -115,7 +115,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-recurrent-") as tmp:
         for part in args.parts.split(","):
             result[part] = parts[part](args, Path(tmp))
-    write_json(Path(args.out), result)
+            write_json(Path(args.out), result)  # each part as it ends
     if "speed" in result:
         m = result["speed"]["median"]
         print_table("GRU PPO, CartPole-v1, 4 envs x 128 steps (medians)", ["", "env steps/s", "compile s"],
