@@ -70,8 +70,7 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
     if not config.run.resume:  # a resumed run checks the config saved with it
-        from jaxrl_dist.envs import resolve_suite  # the env suites import JAX
-        from jaxrl_dist.envs.wrappers import check_wrapper
+        from jaxrl_dist.envs import check_wrapper, resolve_suite  # the env suites import JAX
 
         suite = resolve_suite(config.env.id, config.env.suite)
         if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
@@ -166,8 +165,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     """Validate (a multirun job; a single run was checked before Hydra wrote anything),
     prepare JAX, train; the summary's `run.objective` (for sweepers)."""
     from jaxrl_dist.backends import BackendError  # imports JAX
-    from jaxrl_dist.trainers.logger import NoLegalAction
 
+    NoLegalAction = ()  # matches nothing until the trainers (and their error) are imported
     try:
         config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
         if multirun and "run.progress" not in override_keys(overrides):  # parallel jobs would draw over each other
@@ -175,8 +174,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         if multirun and isinstance(config.backend, RayBackendConfig) and config.backend.keep_actors is None:
             config.backend.keep_actors = True  # the next job takes the actors over
         with status.showing("loading JAX", config.run.progress):
-            from jaxrl_dist.trainers.runner import train
-
+            from jaxrl_dist.trainers.runner import NoLegalAction, train
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
         launch_s = 0.0 if _state["launched"] else process_age_s()  # a multirun's first job only
         _state["launched"] = True

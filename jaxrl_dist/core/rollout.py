@@ -117,19 +117,56 @@ def make_rollout(env, network, opts: RolloutOptions):
     `traj.reset` the flags each step was taken with, and `traj.next_value` the
     value of each transition's final observation under the carry it needs.
     """
-    spec, S = env.spec, opts.num_seeds
-    policy = make_policy_step(network, spec, opts)
-    recurrent = networks.is_recurrent(network)
-    norm_obs = jax.vmap(normalize.normalize, (0, 0, None))
+    S = opts.num_seeds
+    env_step = _make_env_step(env, network, opts)
+    observe, values = _observer(opts), _values(network)
     seeds = lambda x: None if x is None else _by_seed(x, S)  # noqa: E731
 
+    def rollout(params, actor: ActorState, key, gamma=None):
+        keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, opts.num_steps))(key), 0, 1)
+        gamma = jnp.full((S,), opts.gamma, jnp.float32) if gamma is None else gamma
+
+        def scan_step(actor, step_keys):
+            return env_step(params, actor, step_keys, gamma)
+
+        first = actor.carry
+        actor, traj = jax.lax.scan(scan_step, actor, keys, unroll=opts.unroll)
+        traj = traj._replace(carry=jax.tree.map(lambda c: _by_seed(c, S)[None], first))
+        last_value = values(params, seeds(actor.carry), observe(actor.norm, actor.obs), seeds(actor.reset))
+        return actor, traj, last_value
+
+    return rollout
+
+
+def _observer(opts: RolloutOptions):
+    """`observe(norm, obs[N]) -> obs[S, B]`, normalised when observation normalisation is on."""
+    norm_obs = jax.vmap(normalize.normalize, (0, 0, None))
+
     def observe(norm, obs):
-        obs = _by_seed(obs, S)
+        obs = _by_seed(obs, opts.num_seeds)
         return norm_obs(norm.obs, obs, opts.clip_obs) if opts.normalize_obs else obs
+
+    return observe
+
+
+def _values(network):
+    """`values(params[S], carry[S,B], obs[S,B], reset[S,B]) -> value[S,B]` of one step."""
 
     def values(params, carry, obs, reset):
         step = lambda p, c, o, r: networks.step(network, p, c, o, r)[1].value  # noqa: E731
         return jax.vmap(step)(params, carry, obs, reset)
+
+    return values
+
+
+def _make_env_step(env, network, opts: RolloutOptions):
+    """`env_step(params[S], actor, keys[S], gamma[S]) -> (actor, Transition[S, B])`: one
+    step of the policy and the envs (the body of `make_rollout`'s scan)."""
+    spec, S = env.spec, opts.num_seeds
+    policy = make_policy_step(network, spec, opts)
+    recurrent = networks.is_recurrent(network)
+    observe, values = _observer(opts), _values(network)
+    seeds = lambda x: None if x is None else _by_seed(x, S)  # noqa: E731
 
     def env_step(params, actor: ActorState, keys, gamma):
         step_keys = jax.vmap(jax.random.split)(keys)  # [S, 2]
@@ -161,17 +198,4 @@ def make_rollout(env, network, opts: RolloutOptions):
         next_mask = out.action_mask if opts.mask_actions else None
         return ActorState(env_state, out.obs, episodes, norm, _flat(carry), next_reset, next_mask), tr
 
-    def rollout(params, actor: ActorState, key, gamma=None):
-        keys = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, opts.num_steps))(key), 0, 1)
-        gamma = jnp.full((S,), opts.gamma, jnp.float32) if gamma is None else gamma
-
-        def scan_step(actor, step_keys):
-            return env_step(params, actor, step_keys, gamma)
-
-        first = actor.carry
-        actor, traj = jax.lax.scan(scan_step, actor, keys, unroll=opts.unroll)
-        traj = traj._replace(carry=jax.tree.map(lambda c: _by_seed(c, S)[None], first))
-        last_value = values(params, seeds(actor.carry), observe(actor.norm, actor.obs), seeds(actor.reset))
-        return actor, traj, last_value
-
-    return rollout
+    return env_step

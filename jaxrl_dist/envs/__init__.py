@@ -1,26 +1,29 @@
 """Env suites behind one adapter protocol (see `base.EnvAdapter`), in a registry.
 
-`env.suite` names a suite: the built-in `gymnax`, `envpool` and `brax`, or a plugin
+`env.suite` names a suite: the built-in `gymnax`, `jumanji`, `envpool` and `brax`, or a plugin
 registered under the entry-point group `jaxrl_dist.env_suites` (a class or
 object with `installed()`, `has(env_id)`, `make(env_id, num_envs, seed,
 num_threads, kwargs)` and a `hint` for installing it). `auto` takes the first
-installed suite that has the id: gymnax, envpool, brax, then plugins by name.
+installed suite that has the id: gymnax, jumanji, envpool, brax, then plugins by name.
 """
 from __future__ import annotations
 
 from jaxrl_dist.core.networks import is_frame_stack
 from jaxrl_dist.config import ConfigError, EnvConfig
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
+from jaxrl_dist.envs.wrappers import check_wrapper, wrap
 from jaxrl_dist.registry import Registry
 
-__all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "env_of", "make_env", "resolve_suite"]
+__all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "check_wrapper", "env_of", "make_env", "resolve_suite"]
 
 SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
                   {"gymnax": "jaxrl_dist.envs.gymnax_env:GymnaxSuite",
                    "envpool": "jaxrl_dist.envs.envpool_env:EnvpoolSuite",
                    "brax": "jaxrl_dist.envs.brax_env:BraxSuite",
                    "jumanji": "jaxrl_dist.envs.jumanji_env:JumanjiSuite"})
-_FIRST = ("gymnax", "envpool", "brax", "jumanji")  # `auto` tries these before plugins
+# `auto` tries these before plugins; jumanji before envpool, whose Knapsack-v1 and Snake-v1
+# have no legal-action masks (and a dict observation its adapter does not take)
+_FIRST = ("gymnax", "jumanji", "envpool", "brax")
 
 
 def _suite(name: str):
@@ -61,8 +64,6 @@ def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
              wrapper_options: dict | None = None) -> EnvAdapter:
     """A flat batch of `num_envs` envs of `env_id` from the suite that has it, inside the
     env wrapper `wrapper` (`envs.wrappers.WRAPPERS`) with `wrapper_options` when given."""
-    from jaxrl_dist.envs.wrappers import check_wrapper, wrap
-
     check_wrapper(wrapper, wrapper_options)  # before the env: a misspelt name builds none
     suite = resolve_suite(env_id, suite)
     try:

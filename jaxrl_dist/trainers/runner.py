@@ -31,7 +31,7 @@ from jaxrl_dist.config import Config
 from jaxrl_dist.envs import env_of
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import AsyncTrainer
-from jaxrl_dist.trainers.logger import chunk_records, final_returns, read_records, truncate_records
+from jaxrl_dist.trainers.logger import NoLegalAction, chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
                                         enable_compile_cache, finish_run, open_logs, params_digest,
                                         peak_rss_mb, prepare_run, run_metadata)
