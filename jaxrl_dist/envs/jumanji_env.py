@@ -10,6 +10,7 @@ a masked policy is never asked to act with nothing to choose from.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -74,6 +75,25 @@ def _spec(env_id: str, env) -> EnvSpec:
                    int(act.num_values), masked=True)
 
 
+def _serializable(state) -> None:
+    """Register each dataclass type in jumanji's `state` (nested ones too) with flax's
+    serialization, as a mapping of its fields, so the shard wire can carry a slot's env
+    state to a worker and back (checked against the spec's template like any array)."""
+    from flax import serialization
+
+    if not dataclasses.is_dataclass(state) or isinstance(state, type):
+        return
+    names = [f.name for f in dataclasses.fields(state)]
+    serialization.register_serialization_state(
+        type(state),
+        lambda x: {n: serialization.to_state_dict(getattr(x, n)) for n in names},
+        lambda x, d: dataclasses.replace(x, **{n: serialization.from_state_dict(getattr(x, n), d[n], name=n)
+                                              for n in names}),
+        override=True)
+    for n in names:
+        _serializable(getattr(state, n))
+
+
 class JumanjiEnv:
     """`num_envs` copies of one jumanji env, stepped with `vmap`; see the module docstring
     for the observation and the mask."""
@@ -84,6 +104,7 @@ class JumanjiEnv:
         self.env = jumanji.make(env_id, **(kwargs or {}))
         self.num_envs = num_envs
         self.spec = _spec(env_id, self.env)
+        _serializable(jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0])
 
     def _reset_one(self, key):
         state, timestep = self.env.reset(key)
