@@ -74,7 +74,7 @@ def fused(args, tmp: Path) -> dict:
             "env_steps": run["env_steps"] * args.seeds, "wall_s": run["wall_s"],
             "train_s": run["summary"]["train_seconds"], "returns_per_seed": trained, "return": [m, m - h, m + h],
             "random_legal_per_seed": baseline, "random_legal": [bm, bm - bh, bm + bh],
-            "gain": m / bm - 1, "intervals_apart": m - h > bm + bh}
+            "gain": m / bm - 1, "intervals_apart": bool(m - h > bm + bh)}
 
 
 def control(args, tmp: Path) -> dict:
