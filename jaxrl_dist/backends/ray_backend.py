@@ -136,6 +136,27 @@ def on_this_host(address: Optional[str]) -> bool:
         return host == "localhost"
 
 
+def settle_jax() -> None:
+    """Wait for the computations this process's JAX has in flight, before `ray.init`.
+
+    Ray starts its runtime's processes with a `preexec_fn`, so CPython forks with
+    `fork()` and the process's fork handlers run. OpenBLAS's (the LAPACK that XLA:CPU's
+    QR calls, as the orthogonal initialisers do) stops its worker threads; a QR running
+    on XLA's threads at that moment waits forever, spinning, for work it handed them,
+    and the process's later dispatches block behind it. A large enough matrix
+    splits over those threads (Knapsack's 150-wide first layer does, CartPole's 4-wide
+    one does not), and the learner's params are still being initialised when the
+    backend starts. The wait covers every computation with a live result."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return
+    platforms = {jax.default_backend(), "cpu"}
+    arrays = [a for platform in platforms for a in jax.live_arrays(platform)]
+    jax.block_until_ready([a for a in arrays if not a.is_deleted()])
+
+
 def _actor_setup(same_host: bool) -> dict:
     """What an actor process sets before its JAX starts: CPU only, the driver's
     XLA flags (less its CPU device count: an actor runs one shard on one
@@ -273,6 +294,7 @@ class RayBackend:
         if ray.is_initialized():
             return
         cfg = self.cfg
+        settle_jax()  # no QR of ours may be running when Ray forks its processes
         logs_through_logging("ray")  # its start-up warnings: above the progress bar, and in the job log
         with warnings.catch_warnings():
             # JAX warns about fork; Ray's fork is a subprocess's fork + exec
