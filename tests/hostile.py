@@ -53,7 +53,7 @@ SPEC_CASES = {
     "unknown_field": [1],
 }
 HEAD_CASES = {
-    "v": [True, 2, 0, -1, "1", 1.0, [1], None, {"a": 1}, 2**64 - 1],
+    "v": [True, 1, 3, 0, -1, "2", 2.0, [2], None, {"a": 1}, 2**64 - 1],  # the wire is version 2
     "slot": [-1, 1024, 2**20, 2**63 - 1, "0", 1.0, True, None, [0]],
     "seed": [-1, 2**31, 2**63, "0", None, True, 0.5],
     "round": [-1, 2**31, "1", None, 1.5],

@@ -132,7 +132,7 @@ def test_shell_completion_completes_after_train():
 
     out = subprocess.run(command() + ["-sc", "query=bash"], env=env, capture_output=True, text=True,
                          timeout=60)
-    assert out.stdout.split() == ["env=cartpole"], out.stderr
+    assert out.stdout.split() == ["env=cartpole", "env=cartpole_po"], out.stderr
 
 
 def test_a_sweep_without_multirun_is_one_line():
