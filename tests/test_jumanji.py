@@ -118,13 +118,3 @@ def test_a_masked_snake_run_of_the_cli(tmp_path):
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 8 and sum(sum(r["episodes"]) for r in records) > 0
     assert all(r["illegal_actions"] == 0 and r["no_legal_actions"] == 0 for r in records)
-
-
-def test_a_mask_on_an_env_without_one_is_refused(tmp_path):
-    out = run_cli("train", "trainer=fused", "env.id=CartPole-v1", "algo.action_mask=true",
-                  "run.progress=false", f"run.dir={tmp_path / 'run'}", timeout=120)
-    errors = [x for x in (out.stdout + out.stderr).splitlines() if x.startswith("error")]
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert len(errors) == 1 and "algo.action_mask" in errors[0] and "CartPole-v1" in errors[0], errors
-    assert "Traceback" not in out.stderr
-    assert not list(tmp_path.glob("**/metrics.jsonl"))  # refused before training
