@@ -1,7 +1,7 @@
 """env.suite=jumanji: the adapter's shapes, masks and auto-reset on Knapsack-v1; the
 env's own count of illegal actions (none from a masked rollout, some from the unmasked
-control); the uniform random legal baseline; a masked Snake-v1 run of the CLI; and
-algo.action_mask=true on an env without masks refused (exit 2)."""
+control); the uniform random legal baseline; a masked Snake-v1 run of the CLI. (A mask
+on an env without one is refused with the other refusals, in tests/test_recurrent.py.)"""
 from __future__ import annotations
 
 import json
