@@ -61,14 +61,15 @@ def _env_keys(key, n: int):
     return jax.random.split(key, n) if key.ndim == 1 else key
 
 
-def _spec(env_id: str, env) -> EnvSpec:
+def _spec(env_id: str, env, observation) -> EnvSpec:
+    """The spec of `env`, from the shapes of its first `observation` (`eval_shape`'s)."""
     from jumanji import specs
 
     act = env.action_spec
     if not isinstance(act, specs.DiscreteArray) or isinstance(act, specs.MultiDiscreteArray):
         raise EnvMakeError(f"env.id {env_id!r}: jumanji action {type(act).__name__}, "
                            "not one discrete choice")
-    obs, mask = jax.eval_shape(lambda k: _observe(env.reset(k)[1].observation), jax.random.PRNGKey(0))
+    obs, mask = jax.eval_shape(_observe, observation)
     if mask is None:
         raise EnvMakeError(f"env.id {env_id!r}: its jumanji observation has no {MASK_FIELD}")
     return EnvSpec(env_id, "jumanji", tuple(obs.shape), np.dtype(np.float32), True,
@@ -103,8 +104,9 @@ class JumanjiEnv:
 
         self.env = jumanji.make(env_id, **(kwargs or {}))
         self.num_envs = num_envs
-        self.spec = _spec(env_id, self.env)
-        _serializable(jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))[0])
+        state, timestep = jax.eval_shape(self.env.reset, jax.random.PRNGKey(0))  # traced once, for both
+        self.spec = _spec(env_id, self.env, timestep.observation)
+        _serializable(state)
 
     def _reset_one(self, key):
         state, timestep = self.env.reset(key)
