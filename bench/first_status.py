@@ -8,7 +8,7 @@ The run itself is short (10,240 steps) and every launch runs it to the end.
 the wrong type, a value out of range, a misspelt preset): from launch to the one-line
 error, each a median over `--launches`.
 
-    python bench/first_status.py [--launches 5] [--errors] [--out bench/results/first_status.json]
+    python bench/first_status.py [--launches 5] [--errors | --ctrl-c [--env pong]] [--out F.json]
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def main() -> None:
     p.add_argument("--launches", type=int, default=5)
     p.add_argument("--errors", action="store_true", help="time the one-line errors of bad configs instead")
     p.add_argument("--ctrl-c", action="store_true", help="time Ctrl-C's acknowledgement during a long chunk instead")
+    p.add_argument("--env", default="breakout_minatar", help="--ctrl-c: the env preset of the long run")
     p.add_argument("--out", default="bench/results/first_status.json")
     opts = p.parse_args()
     if opts.errors:
@@ -117,7 +118,7 @@ def acknowledged(cmd: list) -> float:
         ready, _, _ = select.select([master], [], [], 0.02)
         data = os.read(master, 65536) if ready else b""
         seen += VISIBLE.sub(b"", data)
-        if sent is None and b"steps" in seen:  # the bar: the chunk runs
+        if sent is None and re.search(rb"\d/\S+ steps", seen):  # the bar's count: the chunk runs
             time.sleep(1.0)
             sent, seen = time.perf_counter(), b""
             proc.send_signal(signal.SIGINT)
@@ -138,11 +139,12 @@ def ctrl_c(opts) -> None:
     times = []
     with tempfile.TemporaryDirectory(prefix="ctrl_c-") as tmp:
         for i in range(opts.launches):
-            cmd = [str(script), "train", "trainer=fused", "env=breakout_minatar", "algo.total_timesteps=2000000",
+            cmd = [str(script), "train", "trainer=fused", f"env={opts.env}", "algo.total_timesteps=2000000",
                    "run.log_chunks=1", f"run.dir={tmp}/{i}"]
             times.append(acknowledged(cmd))
             print(f"[{i + 1}] Ctrl-C acknowledged after {times[-1]:.3f} s", flush=True)
-    write_json(opts.out, {"meta": machine_info(), "ctrl_c_s": times, "median": statistics.median(times)})
+    write_json(opts.out, {"meta": machine_info(), "env": opts.env, "ctrl_c_s": times,
+                          "median": statistics.median(times)})
     print(f"median {statistics.median(times):.3f} s over {len(times)} launches")
 
 

@@ -1,11 +1,11 @@
-"""The default test suite's wall time at two commits, run alternately (base, head, base,
-head, ...) so that both meet the same machine; medians of each.
+"""The default test suite's wall time at several commits, run alternately (each base,
+then head, and again) so that all meet the same machine; medians of each.
 
 Each commit is a fresh clone in a temporary directory, tested with this environment's
 interpreter and packages and the clone first on PYTHONPATH (what `.ci/run` runs, less
 the install). The figure is pytest's own "in N s".
 
-    python bench/suite_time.py --base 2800618 [--head HEAD] [--runs 3] [--out bench/results/suite_time.json]
+    python bench/suite_time.py --base 2800618 [--base 23ecf17 ...] [--head HEAD] [--runs 3] [--out F.json]
 """
 from __future__ import annotations
 
@@ -46,27 +46,31 @@ def suite(tree: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True)
+    p.add_argument("--base", required=True, action="append", help="a commit to compare with (repeatable)")
     p.add_argument("--head", default="HEAD")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--out", default="bench/results/suite_time.json")
     opts = p.parse_args()
     from common import machine_info, write_json
 
-    runs = {"base": [], "head": []}
+    sides = [*opts.base, opts.head]
+    runs = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="suite_time-") as tmp:
-        trees = {side: clone(getattr(opts, side), Path(tmp) / side) for side in runs}
+        trees = {side: clone(side, Path(tmp) / f"tree{i}") for i, side in enumerate(sides)}
         revs = {side: subprocess.run(["git", "-C", str(t), "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True).stdout.strip() for side, t in trees.items()}
         for i in range(opts.runs):
-            for side in runs:
+            for side in sides:
                 runs[side].append(suite(trees[side]))
-                print(f"[{i + 1}] {side} {revs[side]}: {runs[side][-1]}", flush=True)
-    med = {side: statistics.median(r["pytest_s"] for r in rs) for side, rs in runs.items()}
-    write_json(opts.out, {"meta": machine_info(), "revs": revs, "runs": runs, "median_s": med,
-                          "ratio_head_to_base": round(med["head"] / med["base"], 3)})
-    print(f"median: base {revs['base']} {med['base']:.1f} s, head {revs['head']} {med['head']:.1f} s, "
-          f"head/base {med['head'] / med['base']:.3f}")
+                print(f"[{i + 1}] {revs[side]}: {runs[side][-1]}", flush=True)
+    med = {revs[side]: statistics.median(r["pytest_s"] for r in rs) for side, rs in runs.items()}
+    head = med[revs[opts.head]]
+    ratios = {revs[b]: round(head / med[revs[b]], 3) for b in opts.base}
+    write_json(opts.out, {"meta": machine_info(), "head": revs[opts.head], "bases": [revs[b] for b in opts.base],
+                          "runs": {revs[side]: rs for side, rs in runs.items()}, "median_s": med,
+                          "ratio_head_to_base": ratios})
+    print("median: " + ", ".join(f"{rev} {m:.1f} s" for rev, m in med.items())
+          + "; head/base " + ", ".join(f"{rev} {r:.3f}" for rev, r in ratios.items()))
 
 
 if __name__ == "__main__":
