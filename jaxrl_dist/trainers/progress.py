@@ -92,11 +92,18 @@ class Bar:
     def __init__(self, console, total: int, done: int, label: str = "train"):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
+        from rich.table import Column
+
+        def whole():  # on a narrow terminal the bar shrinks; numbers are never cut
+            return Column(no_wrap=True)
 
         self._progress = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}{task.fields[note]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False, refresh_per_second=2)
+            TextColumn(f"[bold]{label}", table_column=whole()), BarColumn(bar_width=None),
+            MofNCompleteColumn(table_column=whole()),
+            TextColumn("steps  {task.fields[sps]} steps/s  return {task.fields[ret]}{task.fields[note]}",
+                       table_column=whole()),
+            TimeElapsedColumn(table_column=whole()), TimeRemainingColumn(table_column=whole()),
+            console=console, transient=False, refresh_per_second=2)
         self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret="-", note="")
         self._progress.start()
         status.attach(console)
