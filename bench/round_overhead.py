@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -110,7 +111,9 @@ class LoopbackCluster:
 
     def __init__(self, port: int = 6391):
         self.address = f"127.0.0.2:{port}"
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")  # drivers join with the token
+        # drivers join with the cluster's own token (`ray start` makes none, and a fresh machine has no ~/.ray one)
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **self.env)
         ray = str(Path(sys.executable).with_name("ray"))
         self.procs = []
         common = ["--num-cpus=1", "--block", "--disable-usage-stats"]
@@ -136,7 +139,7 @@ class LoopbackCluster:
                  "    time.sleep(0.2)\n"
                  f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n")
         out = subprocess.run([sys.executable, "-c", check, self.address], capture_output=True, text=True,
-                             timeout=timeout + 60, env=dict(os.environ, RAY_AUTH_MODE="token"))
+                             timeout=timeout + 60, env=dict(os.environ, **self.env))
         if out.returncode != 0:
             self.stop()
             raise SystemExit(f"the loopback cluster did not bring up {n} node(s): {out.stderr[-1500:]}")
@@ -163,7 +166,7 @@ def bench_cluster(repeats: int, tmp: Path) -> list:
         cluster = LoopbackCluster()
         try:
             args = [*CONFIGS["ray"], f"backend.address={cluster.address}", "run.stop_at_target=true"]
-            run = cli(args, tmp / f"cluster-{i}", env={"RAY_AUTH_MODE": "token"})
+            run = cli(args, tmp / f"cluster-{i}", env=cluster.env)
         finally:
             cluster.stop()
         runs.append(round_figures(run) | {"stop_reason": run["summary"].get("stop_reason")})

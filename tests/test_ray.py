@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -251,8 +252,11 @@ def two_nodes(tmp_path, monkeypatch, request):
     indirect parameter gives), token auth on."""
     port = _free_port(LOOPBACK_IP)
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
+    # a token of the cluster's own: a fresh machine has no ~/.ray/auth_token, and `ray start` makes none
+    token = secrets.token_hex(32)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # this driver joins with the token
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     try:  # Ray >= 2.5x reads the mode once; make it read it again
         from ray._private.authentication_test_utils import reset_auth_token_state
     except ImportError:  # a Ray without token auth
@@ -291,7 +295,7 @@ def _wait_for_nodes(address: str, n: int, procs, tmp_path, timeout: float = 90.0
             "    time.sleep(0.2)\n"
             f"sys.exit(0 if sum(x['Alive'] for x in ray.nodes()) >= {n} else 1)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=timeout + 30, env=dict(os.environ, RAY_AUTH_MODE="token"))
+                         timeout=timeout + 30, env=dict(os.environ))
     if out.returncode != 0 or any(p.poll() is not None for p in procs):
         logs = "".join((tmp_path / f).read_text()[-2000:] for f in ("head.log", "worker.log"))
         pytest.fail(f"the two-node cluster did not come up:\n{out.stderr[-2000:]}\n{logs}")
