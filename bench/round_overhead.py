@@ -22,8 +22,9 @@ times each, and ratios are of medians measured in the same run.
 
     python bench/round_overhead.py                  # local and ray, 3 repeats
     python bench/round_overhead.py --cluster --rllib /tmp/peers/rllib/bin/python
+    python bench/round_overhead.py --configs ray --base /tmp/base   # against another checkout
 
-Writes `bench/results/round_overhead.json`.
+Writes `bench/results/round_overhead.json` (`--out`).
 """
 from __future__ import annotations
 
@@ -85,19 +86,23 @@ def round_figures(run: dict) -> dict:
             "final_return": s["final_return"], "params_sha256": s["params_sha256"][:12]}
 
 
-def bench_runs(names: list, repeats: int, tmp: Path) -> dict:
-    """Every config of `names`, interleaved, `repeats` times; per config the runs' figures."""
-    out = {name: [] for name in names}
+def bench_runs(names: list, repeats: int, tmp: Path, base: Path | None = None) -> dict:
+    """Every config of `names`, interleaved, `repeats` times; per config the runs' figures.
+    With `base` (another checkout), each config also runs from that checkout's package
+    (`NAME@base`), beside this one's."""
+    sides = {"": None} if base is None else {"": None, "@base": {"PYTHONPATH": str(base)}}
+    out = {name + tag: [] for name in names for tag in sides}
     for i in range(repeats):
         for name in names:
-            run = cli(CONFIGS[name], tmp / f"{name}-{i}")
-            fig = round_figures(run) if name != "fused" else {
-                "sps": run["summary"]["sps"], "train_s": run["summary"]["train_seconds"],
-                "compile_s": run["summary"]["compile_seconds"], "command_s": run["command_s"],
-                "final_return": run["summary"]["final_return"]}
-            out[name].append(fig)
-            print(f"{name} #{i}: {json.dumps({k: v for k, v in fig.items() if not isinstance(v, dict)})}",
-                  flush=True)
+            for tag, env in sides.items():
+                run = cli(CONFIGS[name], tmp / f"{name}{tag}-{i}", env=env)
+                fig = round_figures(run) if name != "fused" else {
+                    "sps": run["summary"]["sps"], "train_s": run["summary"]["train_seconds"],
+                    "compile_s": run["summary"]["compile_seconds"], "command_s": run["command_s"],
+                    "final_return": run["summary"]["final_return"]}
+                out[name + tag].append(fig)
+                print(f"{name}{tag} #{i}: {json.dumps({k: v for k, v in fig.items() if not isinstance(v, dict)})}",
+                      flush=True)
     return out
 
 
@@ -204,19 +209,28 @@ def main() -> None:
     ap.add_argument("--cluster", action="store_true", help="the two-node loopback cluster too")
     ap.add_argument("--rllib", metavar="PYTHON", help="run RLlib's PPO to 475 with this interpreter")
     ap.add_argument("--rllib-only", action="store_true", help="add RLlib's figure to the existing results")
+    ap.add_argument("--base", type=Path, metavar="CHECKOUT",
+                    help="also run each config from this checkout's package, interleaved (NAME@base)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "round_overhead.json")
     args = ap.parse_args()
     if args.rllib_only:
         return add_rllib(args.rllib)
+    out = args.out
     tmp = Path(tempfile.mkdtemp(prefix="round-overhead-"))
     result = {"machine": machine_info(), "repeats": args.repeats}
-    result["runs"] = bench_runs([c for c in args.configs.split(",") if c], args.repeats, tmp)
+    if args.base:
+        result["base"] = subprocess.run(["git", "-C", str(args.base), "rev-parse", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip()
+    result["runs"] = bench_runs([c for c in args.configs.split(",") if c], args.repeats, tmp, args.base)
     runs = result["runs"]
-    write_json(RESULTS / "round_overhead.json", result)  # kept as each part ends
+    for name in [n for n in runs if f"{n}@base" in runs and median_of(runs[n], "host_ms") is not None]:
+        result[f"{name}_host_over_base"] = median_of(runs[name], "host_ms") / median_of(runs[f"{name}@base"], "host_ms")
+    write_json(out, result)  # kept as each part ends
     if "fused" in runs and "local" in runs:
         result["local_over_fused_sps"] = median_of(runs["local"], "sps") / median_of(runs["fused"], "sps")
     if args.cluster:
         result["cluster"] = bench_cluster(args.repeats, tmp)
-        write_json(RESULTS / "round_overhead.json", result)
+        write_json(out, result)
     if args.rllib:
         result["rllib"] = bench_rllib(args.rllib)
         print(f"rllib: {result['rllib']}", flush=True)
@@ -229,8 +243,8 @@ def main() -> None:
             for name, r in runs.items()]
     print_table("medians", ["config", "train env steps/s", "command s", "host ms/round", "start-up s",
                             "train s to 475"], rows)
-    print({k: v for k, v in result.items() if k.endswith("_sps") or k.endswith("_475")})
-    write_json(RESULTS / "round_overhead.json", result)
+    print({k: v for k, v in result.items() if k.endswith(("_sps", "_475", "_over_base"))})
+    write_json(out, result)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -129,6 +129,27 @@ def test_wrong_shapes_or_dtypes_are_422(server, case, word):
     assert resp.json()["error"].startswith(word)
 
 
+@pytest.mark.parametrize("params", [False, True])
+def test_a_request_packed_in_pieces_reads_as_its_fields(params):
+    """The encoder packs the spec once and may take a slot's state packed ahead (the Ray
+    backend packs it while the learner runs): the same bytes, and every field reads back."""
+    from flax import serialization
+
+    _, req = make_request()
+    req = req if params else req._replace(params=None)
+    encoder = wire.RequestEncoder(req.params, False)
+    body = encoder.encode(req)
+    assert encoder.encode(req._replace(actor=wire.pack_actor(req.actor))) == body == wire.encode_request(req)
+    data = serialization.msgpack_restore(body)
+    assert set(data) == set(wire.HEAD_FIELDS) and list(data)[-1] == "params"
+    assert (data["v"], data["spec"], data["slot"], data["run_id"], data["seed"], data["round"]) == (
+        wire.VERSION, req.spec.to_dict(), req.slot, req.run_id, req.seed, req.round)
+    np.testing.assert_array_equal(data["key"], req.key)
+    want = serialization.to_state_dict(jax.device_get(req.actor))
+    assert jax.tree.all(jax.tree.map(np.array_equal, data["actor"], want))
+    assert (data["params"] is None) != params
+
+
 def test_bad_fields_and_disallowed_envs_are_422(server):
     from flax import serialization
 

@@ -332,6 +332,29 @@ def test_a_cluster_too_small_is_one_line_naming_the_keys():
     assert "backend.memory_mb=2861.02 x 4 shards needs" in line and "or backend.memory_mb or k" in line
 
 
+def test_a_state_packed_ahead_is_used_only_while_the_table_is_the_same():
+    """`prepare` packs the slots' states in the learner's shadow; once the table has
+    changed (a round wrote it) the round packs the current state instead."""
+    import jax
+
+    from jaxrl_dist.backends import SlotTable, capabilities, shard, wire
+
+    assert capabilities(RayBackend).prepares
+    spec = shard.spec_from_config(config({"name": "ray"}), "gymnax", False)
+    program = shard.ShardProgram(spec)
+    states = [program.init_slot(shard.slot_init_key(0, s)) for s in range(2)]
+    table = SlotTable(jax.tree.map(lambda *x: np.stack(x), *states))
+    backend = RayBackend(config({"name": "ray"}).backend)
+    backend.prepare([0, 1], table)
+    packed = backend._actor_state(1, table)
+    assert isinstance(packed, wire.Packed) and packed == wire.pack_actor(table.get(1))
+    backend.prepare([0, 1], table)
+    table.put([0], [states[1]])  # the table the packing read is gone
+    fresh = backend._actor_state(0, table)
+    assert not isinstance(fresh, wire.Packed) and wire.pack_actor(fresh) == wire.pack_actor(states[1])
+    assert backend._actor_state(0, None) is None  # sticky specs send no state
+
+
 @pytest.mark.parametrize("key, value", [("num_cpus", -1.0), ("memory_mb", 0), ("memory_mb", "abc")])
 def test_bad_actor_sizes_are_named(key, value):
     from jaxrl_dist.config import ConfigError

@@ -120,6 +120,9 @@ class Capabilities(NamedTuple):
     # `warm(tasks, params, table)`: start what these shards need (actors, compiled programs)
     # and return once they are ready, so that the first round is not also the start-up
     warms: bool = False
+    # `prepare(slots, table)`: encode what the next round's requests need from the slots'
+    # states while the learner's update runs (the trainer calls it in the update's shadow)
+    prepares: bool = False
 
 
 def capabilities(backend) -> Capabilities:
@@ -145,12 +148,22 @@ class Backend(Protocol):
     # with `capabilities.warms`: see `Capabilities`; the slots' states are left as they are
     # def warm(self, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None: ...
 
+    # with `capabilities.prepares`: see `Capabilities`; a stale preparation must not be used
+    # def prepare(self, slots: List[int], table: Optional[SlotTable]) -> None: ...
+
 
 def warm(backend, tasks: List[ShardTask], params, table: Optional[SlotTable]) -> None:
     """Start what `tasks` need on `backend` and wait until it is ready (a backend that
     declares no `warms` starts its shards' programs in their first round)."""
     if capabilities(backend).warms:
         backend.warm(tasks, params, table)
+
+
+def prepare(backend, slots: List[int], table: Optional[SlotTable]) -> None:
+    """Let `backend` get the next round's requests for `slots` ready from `table` (a
+    backend that declares no `prepares` encodes them in the round)."""
+    if capabilities(backend).prepares:
+        backend.prepare(slots, table)
 
 
 class OneSlot:

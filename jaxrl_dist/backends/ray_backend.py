@@ -258,7 +258,7 @@ class Startup:
 
 class RayBackend:
     name = "ray"
-    capabilities = Capabilities(warms=True)
+    capabilities = Capabilities(warms=True, prepares=True)
     actor_class = ShardActor  # what each slot's actor runs (a subclass may override)
     start_timeout_s = START_TIMEOUT_S
 
@@ -281,6 +281,8 @@ class RayBackend:
         self._remote = ray.remote(self.actor_class)
         self._setup = _actor_setup(same_host=on_this_host(self.cfg.address))
         self._spec = job.spec.to_dict()  # plain data: each actor compiles it as it starts
+        self._encoder = wire.RequestEncoder(None, False)  # the params go apart (`encode_params`)
+        self._ahead: dict = {}  # slot -> (the table's data it was packed from, the packed state)
 
     def _check_resources(self, n: int, key: str) -> None:
         """`ConfigError` (one line) when `n` actors cannot all be placed at once."""
@@ -400,6 +402,20 @@ class RayBackend:
             life.seen("placed")
             life.seen("ready")
 
+    def prepare(self, slots: List[int], table: Optional[SlotTable]) -> None:
+        """Pack these slots' states for the next round's requests (most of their encoding)
+        now, while the learner's update runs; a round whose table has changed since packs
+        them again."""
+        if table is not None:
+            self._ahead = {s: (table.data, wire.pack_actor(table.get(s))) for s in slots}
+
+    def _actor_state(self, slot: int, table: Optional[SlotTable]):
+        """Slot `slot`'s state for its request: packed ahead (`prepare`) when still current."""
+        if table is None:
+            return None
+        data, packed = self._ahead.pop(slot, (None, None))
+        return packed if data is table.data else table.get(slot)
+
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:
         job, t0 = self.job, time.perf_counter()
@@ -408,10 +424,11 @@ class RayBackend:
         params_body = wire.encode_params(params)
         rnd = _Round(self, tasks, params_body)
         for i, t in enumerate(tasks):  # each shard goes as soon as its request is encoded
-            actor = None if job.spec.sticky else table.get(t.slot)
-            rnd.bodies[i] = wire.encode_request(wire.ShardRequest(
+            actor = None if job.spec.sticky else self._actor_state(t.slot, table)
+            rnd.bodies[i] = self._encoder.encode(wire.ShardRequest(
                 job.spec, t.slot, t.key, None, actor, job.run_id, job.seed, round_))
             rnd.submit(i)
+        self._ahead.clear()
         t1 = time.perf_counter()
         rnd.gather()  # each answer is decoded and stacked as it comes
         t2 = time.perf_counter()

@@ -165,10 +165,27 @@ def restore(template, data, name: str):
     return tree
 
 
-def _head(req: ShardRequest) -> dict:
-    return {"v": VERSION, "spec": req.spec.to_dict(), "slot": req.slot, "run_id": req.run_id,
-            "seed": req.seed, "round": req.round, "key": np.asarray(req.key, np.uint32),
-            "actor": None if req.actor is None else _to_host(req.actor)}
+def _pairs(**entries) -> bytes:
+    """Entries of a msgpack map without its header: a map is its header then each key
+    and value packed in turn, so pieces packed apart concatenate into one map."""
+    from flax import serialization
+
+    return b"".join(serialization.msgpack_serialize(x) for kv in entries.items() for x in kv)
+
+
+_ACTOR = b"\xa5actor"  # the packed key "actor"
+
+
+class Packed(bytes):
+    """A value already packed (`pack_actor`): spliced into a body as it is."""
+
+
+def pack_actor(actor) -> Packed:
+    """A slot's state as the request's `actor` value (None for sticky specs). Packing it
+    is most of a request's encoding; a backend may pack it ahead, while the learner runs."""
+    from flax import serialization
+
+    return Packed(serialization.msgpack_serialize(None if actor is None else _to_host(actor)))
 
 
 def encode_request(req: ShardRequest, compress: bool = False) -> bytes:
@@ -176,11 +193,12 @@ def encode_request(req: ShardRequest, compress: bool = False) -> bytes:
 
 
 class RequestEncoder:
-    """Encodes a round's requests, packing (and deflating) the shared params once.
+    """Encodes a run's requests, packing the shared params once and a spec once.
 
-    A request is a msgpack map; its `params` entry goes last, so each body is
-    the shard's own entries with the map header counting one more, then the
-    pre-packed `"params": ...` pair.
+    A request is a msgpack map of `HEAD_FIELDS`, `params` last: the map header, the
+    shard's own entries, the spec's (packed once per spec object) and the pre-packed
+    `"params": ...` pair. The head's keys go in sorted order, as packing the whole map
+    (a pytree) at once would put them: the bytes are the same.
     """
 
     def __init__(self, params, compress: bool):
@@ -190,17 +208,23 @@ class RequestEncoder:
         self._tail = (serialization.msgpack_serialize("params")
                       + serialization.msgpack_serialize(_to_host(params)))
         self._tail_z = deflate_piece(self._tail) if compress else None
+        self._spec = (None, b"")  # (spec, its packed entries): the reference keeps `is` sound
 
     @property
     def params_bytes(self) -> int:
         return len(self._tail_z if self.compress else self._tail)
 
-    def encode(self, req: ShardRequest) -> bytes:
-        from flax import serialization
+    def _spec_entries(self, spec: ShardSpec) -> bytes:
+        if self._spec[0] is not spec:
+            self._spec = (spec, _pairs(spec=spec.to_dict(), v=VERSION))
+        return self._spec[1]
 
-        head = serialization.msgpack_serialize(_head(req))
-        assert head[0] & 0xF0 == 0x80 and head[0] < 0x8F  # a fixmap with room for one more
-        head = bytes([head[0] + 1]) + head[1:]
+    def encode(self, req: ShardRequest) -> bytes:
+        """`req`'s body; its `actor` may be `Packed` already (`pack_actor`)."""
+        actor = req.actor if isinstance(req.actor, Packed) else pack_actor(req.actor)
+        head = (bytes([0x80 | len(HEAD_FIELDS)]) + _ACTOR + actor
+                + _pairs(key=np.asarray(req.key, np.uint32), round=req.round, run_id=req.run_id,
+                         seed=req.seed, slot=req.slot) + self._spec_entries(req.spec))
         if not self.compress:
             return head + self._tail
         return deflate_piece(head) + self._tail_z + _FINAL_EMPTY_BLOCK

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, warm as warm_backend
+from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, prepare, warm as warm_backend
 from jaxrl_dist.backends.shard import round_keys
 from jaxrl_dist.config import Config
 from jaxrl_dist.core import rng
@@ -200,6 +200,7 @@ class RoundTrainer(ShardTrainer):
         slow = straggle(result.shards, cfg.backend, seen, r)
         laps.split(backend_phases(result, time.perf_counter() - t))
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
+        prepare(self.backend, list(range(n)), table)  # the next round's requests, beside the update
         metrics = jax.device_get(metrics)
         laps.lap("learn")
         learn_s = laps.phases["learn"]
