@@ -18,7 +18,9 @@ fresh `XDG_CACHE_HOME` (no compile cache from an earlier side), one side after a
   `max_members=2` (4 programs one after another), 2 of the jobs alone (one chunk), and
   the 8 unchunked: the launching process's peak RSS of each.
 
-    python bench/vmap_sweep.py [--same] [--speed] [--optuna] [--memory] [--out bench/results/vmap_sweep.json]
+`--repeats N` runs `--speed` and `--optuna` N times, their sides interleaved, and takes medians.
+
+    python bench/vmap_sweep.py [--same] [--speed] [--optuna] [--memory] [--repeats N] [--out bench/results/vmap_sweep.json]
 """
 from __future__ import annotations
 
@@ -115,7 +117,21 @@ def _times(run: Path) -> dict:
     return {k: s[k] for k in ("compile_seconds", "train_seconds", "checkpoint_seconds", "wall_seconds", "sps")}
 
 
-def speed(work: Path) -> dict:
+def speed(work: Path, repeats: int = 1) -> dict:
+    """`_speed_once` `repeats` times (the three sides interleaved); the ratios of the
+    medians, each run's figures under `runs`."""
+    runs = []
+    for i in range(repeats):
+        (work / str(i)).mkdir()
+        runs.append(_speed_once(work / str(i)))
+    out = {k: statistics.median(r[k] for r in runs)
+           for k in ("vmap_64_jobs_s", "fused_64_seeds_s", "basic_64_jobs_extrapolated_s")}
+    out["vmap_over_fused"] = out["vmap_64_jobs_s"] / out["fused_64_seeds_s"]
+    out["basic_over_vmap"] = out["basic_64_jobs_extrapolated_s"] / out["vmap_64_jobs_s"]
+    return {**out, "repeats": repeats, "runs": runs}
+
+
+def _speed_once(work: Path) -> dict:
     out = {}
     t, _ = cli(["-m", *SPEED, "hydra/launcher=vmap", f"algo.lr={LRS}", "seed=0,1,2,3",
                 f"run.dir={work / 'speed_vmap'}"], work)
@@ -137,15 +153,18 @@ def speed(work: Path) -> dict:
     return out
 
 
-def optuna(work: Path) -> dict:
-    out = {}
+def optuna(work: Path, repeats: int = 1) -> dict:
+    """The Optuna sweep with each launcher, `repeats` times interleaved; medians."""
     args = ["-m", *SPEED, "algo.total_timesteps=100000", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=32",
             "hydra.sweeper.n_jobs=16", "algo.lr=tag(log,interval(1e-4,1e-2))"]
-    for launcher in ("vmap", "basic"):
-        t, _ = cli([*args, f"hydra/launcher={launcher}", f"run.dir={work / f'optuna_{launcher}'}"], work)
-        out[f"{launcher}_s"] = t
+    runs = {"vmap_s": [], "basic_s": []}
+    for i in range(repeats):
+        for launcher in ("vmap", "basic"):
+            t, _ = cli([*args, f"hydra/launcher={launcher}", f"run.dir={work / f'optuna_{launcher}_{i}'}"], work)
+            runs[f"{launcher}_s"].append(t)
+    out = {k: statistics.median(v) for k, v in runs.items()}
     out["basic_over_vmap"] = out["basic_s"] / out["vmap_s"]
-    return out
+    return {**out, "repeats": repeats, "runs": runs}
 
 
 def memory(work: Path) -> dict:
@@ -171,6 +190,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name in ("same", "speed", "optuna", "memory"):
         p.add_argument(f"--{name}", action="store_true")
+    p.add_argument("--repeats", type=int, default=1, help="runs of --speed and --optuna (interleaved; medians)")
     p.add_argument("--out", default=str(HERE / "results" / "vmap_sweep.json"))
     args = p.parse_args()
     chosen = [n for n in ("same", "speed", "optuna", "memory") if getattr(args, n)] or ["same", "speed", "optuna", "memory"]
@@ -180,7 +200,8 @@ def main() -> None:
         for name in chosen:
             work = Path(tmp) / name
             work.mkdir()
-            result[name] = globals()[name](work)
+            extra = {"repeats": args.repeats} if name in ("speed", "optuna") else {}
+            result[name] = globals()[name](work, **extra)
             print(json.dumps({name: result[name]}, indent=2, default=float), flush=True)
     write_json(args.out, result)
 
