@@ -124,11 +124,16 @@ def speed(work: Path, repeats: int = 1) -> dict:
     for i in range(repeats):
         (work / str(i)).mkdir()
         runs.append(_speed_once(work / str(i)))
-    out = {k: statistics.median(r[k] for r in runs)
-           for k in ("vmap_64_jobs_s", "fused_64_seeds_s", "basic_64_jobs_extrapolated_s")}
+    out = _with_ratios({k: statistics.median(r[k] for r in runs)
+                        for k in ("vmap_64_jobs_s", "fused_64_seeds_s", "basic_64_jobs_extrapolated_s")})
+    return {**out, "repeats": repeats, "runs": runs}
+
+
+def _with_ratios(out: dict) -> dict:
+    """`out` (the three sides' seconds) with vmap over fused and basic over vmap."""
     out["vmap_over_fused"] = out["vmap_64_jobs_s"] / out["fused_64_seeds_s"]
     out["basic_over_vmap"] = out["basic_64_jobs_extrapolated_s"] / out["vmap_64_jobs_s"]
-    return {**out, "repeats": repeats, "runs": runs}
+    return out
 
 
 def _speed_once(work: Path) -> dict:
@@ -148,9 +153,7 @@ def _speed_once(work: Path) -> dict:
     starts = _job_starts(work / "speed_basic")
     jobs = [b - a for a, b in zip([t0, *starts[1:]], [*starts[1:], end])]
     out.update(basic_8_jobs_s=t, basic_job_s=jobs, basic_64_jobs_extrapolated_s=jobs[0] + 63 * statistics.median(jobs[1:]))
-    out["vmap_over_fused"] = out["vmap_64_jobs_s"] / out["fused_64_seeds_s"]
-    out["basic_over_vmap"] = out["basic_64_jobs_extrapolated_s"] / out["vmap_64_jobs_s"]
-    return out
+    return _with_ratios(out)
 
 
 def optuna(work: Path, repeats: int = 1) -> dict:
