@@ -117,6 +117,26 @@ def test_a_launcher_option_out_of_range_is_one_line(tmp_path):
 
 
 
+def test_a_later_group_of_the_same_shape_loads_its_program(tmp_path, monkeypatch):
+    """`run.compile_cache` holds for groups as for a job alone: a later group of the same
+    shapes (Optuna's next batch) loads the program from the cache instead of compiling it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    hits = []
+
+    def listen(event, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        for batch in range(2):
+            cfgs = [job(tmp_path / f"b{batch}m{i}", seed=i, algo={"lr": lr}) for i, lr in enumerate((1e-3, 3e-3))]
+            train_group(cfgs, [c.run.dir for c in cfgs], say=lambda _: None)
+            assert (bool(hits), any((tmp_path / "cache" / "jaxrl-dist" / "xla").iterdir())) == (batch == 1, True)
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+
+
 def test_a_checkpoint_without_coefficients_resumes_with_the_configs(tmp_path):
     """A run dir saved before the train state carried its coefficients restores, and
     its train state gets the values of the config it resumes with."""
