@@ -28,7 +28,7 @@ from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.logger import chunk_records
 from jaxrl_dist.trainers.progress import RecentReturn, make_display
 from jaxrl_dist.trainers.rundir import enable_compile_cache, finish_run, open_logs, prepare_run
-from jaxrl_dist.trainers.runner import compile_chunk, placed, run_chunks, summary_of
+from jaxrl_dist.trainers.runner import compile_beside, placed, run_chunks, summary_of
 from jaxrl_dist.trainers.summary import Group, RunSummary
 from jaxrl_dist.trainers.tracking import flat
 
@@ -231,8 +231,9 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
     setup = fused.make_setup(base, env.spec)
     K = fused.chunk_size(setup.derived.num_updates, base.run.log_chunks, base.run.checkpoint_every, setup.loop_free)
     with interrupt.stop_on_sigint("chunk"):
-        runner = interrupt.wait_for(_init_members, setup, members)
-        compiled, compile_s = interrupt.wait_for(compile_chunk, setup, env, K, runner)
+        # the chunk compiles from the group's shapes while the members are initialised
+        runner, compiled, compile_s = interrupt.wait_for(compile_beside, setup, env, K,
+                                                         lambda: _init_members(setup, members))
         runner = placed(compiled, runner)
         say(f"{label}: {len(members)} jobs, {lo} members, one program (compiled in {compile_s:.1f} s)")
         logs = _Logs(members, setup.derived, label, any(c.run.progress for c in cfgs))

@@ -24,6 +24,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import jax
 
@@ -104,10 +105,17 @@ def _start_and_compile(setup, env, ckpt, cfg: Config, resuming: bool, K: int):
             return runner, None, 0.0  # a finished run, resumed again: nothing to do
         compiled, seconds = compile_chunk(setup, env, K, runner)
         return placed(compiled, runner), compiled, seconds
-    shapes = jax.eval_shape(functools.partial(fused.init_runner, setup, env, cfg.seed))
+    return compile_beside(setup, env, K, lambda: _start_runner(setup, env, ckpt, cfg, resuming))
+
+
+def compile_beside(setup, env, K: int, start: Callable):
+    """`(start(), compiled chunk, its compile seconds)`: the chunk compiled from the shapes
+    of a fresh runner (`setup.cfg`'s seeds) in a second thread while `start` builds the
+    runner (a compile of its own), so the two compiles overlap on a multi-core host."""
+    shapes = jax.eval_shape(functools.partial(fused.init_runner, setup, env, setup.cfg.seed))
     with ThreadPoolExecutor(max_workers=1) as pool:
         future = pool.submit(compile_chunk, setup, env, K, shapes)
-        runner = _start_runner(setup, env, ckpt, cfg, resuming)
+        runner = start()
         compiled, seconds = future.result()
     return runner, compiled, seconds
 
