@@ -30,10 +30,11 @@ def clone(rev: str, where: Path) -> Path:
 
 
 def suite(tree: Path) -> dict:
-    """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line."""
+    """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line,
+    the failed tests' ids."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12"],
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12", "-rf"],
                          cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     last = [line for line in out.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
@@ -41,6 +42,7 @@ def suite(tree: Path) -> dict:
     slowest = re.findall(r"^([\d.]+)s (call|setup|teardown) +(\S+)", out.stdout, re.M)
     return {"rc": out.returncode, "wall_s": round(wall, 1), "pytest_s": float(seconds[1]) if seconds else None,
             "line": last[-1].strip("= ") if last else out.stdout[-300:],
+            "failed": re.findall(r"^FAILED (\S+)", out.stdout, re.M),
             "slowest": [[float(t), phase, test] for t, phase, test in slowest]}
 
 
