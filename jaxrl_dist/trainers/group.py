@@ -27,7 +27,7 @@ from jaxrl_dist.envs import env_of, resolve_suite
 from jaxrl_dist.trainers import checkpoint, fused, interrupt
 from jaxrl_dist.trainers.logger import chunk_records
 from jaxrl_dist.trainers.progress import RecentReturn, make_display
-from jaxrl_dist.trainers.rundir import enable_compile_cache, finish_run, open_logs, prepare_run
+from jaxrl_dist.trainers.rundir import finish_run, open_logs, prepare_run
 from jaxrl_dist.trainers.runner import compile_beside, placed, run_chunks, summary_of
 from jaxrl_dist.trainers.summary import Group, RunSummary
 from jaxrl_dist.trainers.tracking import flat
@@ -224,8 +224,6 @@ def train_group(cfgs: Sequence[Config], run_dirs: Sequence, label: str = "group"
         members.append(Member(cfg, run_dir, lo, lo + cfg.num_seeds))
         lo += cfg.num_seeds
     first = members[0].cfg
-    if first.run.compile_cache:  # a later group of the same shape (an Optuna batch) loads the program
-        enable_compile_cache()
     base = dataclasses.replace(first, num_seeds=lo, run=dataclasses.replace(first.run, dir=str(members[0].run_dir)))
     env = env_of(base.env, base.env.num_envs * lo, base.seed)
     setup = fused.make_setup(base, env.spec)

@@ -187,22 +187,27 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     A resumed run takes its directory's `config.yaml`; only `run.progress` and
     `run.compile_cache` (which cannot change results) come from `cfg`. A fresh run's
     config is saved there (`config.yaml`), by the first process of a multi-process run.
-    Returns `(cfg, run_dir, resuming)`.
+    With `run.compile_cache`, JAX's persistent compile cache is on from here, for a job
+    alone and for each job of a group alike. Returns `(cfg, run_dir, resuming)`.
     """
-    if cfg.run.resume:
+    resuming = bool(cfg.run.resume)
+    if resuming:
         run_dir = Path(cfg.run.resume)
         saved = checkpoint.load_run_config(run_dir)
         check_usable(run_dir, "run.resume")
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
-        return dataclasses.replace(saved, run=run), run_dir, True
-    run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
-    check_usable(run_dir)
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
-    if jax.process_index() == 0:  # the other processes of a multi-process run join it
-        check_fresh(run_dir)
-        checkpoint.save_run_config(run_dir, to_dict(cfg))
-    return cfg, run_dir, False
+        cfg = dataclasses.replace(saved, run=run)
+    else:
+        run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
+        check_usable(run_dir)
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
+        if jax.process_index() == 0:  # the other processes of a multi-process run join it
+            check_fresh(run_dir)
+            checkpoint.save_run_config(run_dir, to_dict(cfg))
+    if cfg.run.compile_cache:
+        enable_compile_cache()
+    return cfg, run_dir, resuming
 
 
 

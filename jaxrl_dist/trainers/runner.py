@@ -203,9 +203,7 @@ def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0) -> RunSummary:
     """
     t_start = time.perf_counter()
     distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
-    cfg, run_dir, resuming = prepare_run(cfg, run_dir)
-    if cfg.run.compile_cache:
-        enable_compile_cache()
+    cfg, run_dir, resuming = prepare_run(cfg, run_dir)  # the compile cache on, if asked
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
     unit = {"sync": "round", "async": "update"}.get(cfg.trainer.name, "chunk")
     with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(cfg.run.dir):
