@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -24,6 +25,16 @@ class ConfigError(ValueError):
 def require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def needs(module: str, extra: str, what: str):
+    """`module`, imported; if it cannot be, a `ConfigError` naming what needs it and the
+    extra that installs it (an optional dependency is imported only where it is used)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ConfigError(f"{what} needs {module}, which does not import here ({err}): "
+                          f"pip install 'jaxrl-dist[{extra}]'") from None
 
 
 def _is_number(x) -> bool:

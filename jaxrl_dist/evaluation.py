@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, derive, resolve_auto
+from jaxrl_dist.config import Config, ConfigError, derive, needs, resolve_auto
 from jaxrl_dist.core import normalize
 from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, mask_logits
 from jaxrl_dist.core.networks import step as step_policy
@@ -227,10 +227,7 @@ def run_episodes(env, policy: Policy, seed: int, max_steps: int, record: bool = 
 
 def write_video(frames: list, path: Path, fps: int) -> Path:
     """An MP4 (H.264) of RGB frames, through imageio's ffmpeg (the `video` extra)."""
-    try:
-        import imageio.v2 as imageio
-    except ImportError:
-        raise ConfigError("eval.video: needs imageio and imageio-ffmpeg (pip install 'jaxrl-dist[video]')") from None
+    imageio = needs("imageio.v2", "video", "eval.video=true")
     # macro_block_size=2: keep the frame size (H.264 needs it even), no rescaling
     with _ffmpeg_without_preexec():
         imageio.mimwrite(path, [f[: f.shape[0] // 2 * 2, : f.shape[1] // 2 * 2] for f in frames], fps=fps,
@@ -288,6 +285,8 @@ def evaluate(run_dir, opts) -> dict:
     env = env_of(cfg.env, opts.episodes, opts.seed)
     if opts.video and not hasattr(env, "frame"):
         raise ConfigError(f"eval.video: the {cfg.env.suite} env {cfg.env.id} cannot render")
+    if opts.video:  # before the episodes, not after them
+        needs("imageio_ffmpeg", "video", "eval.video=true")
     returns, lengths, frames = run_episodes(env, policy, opts.seed, opts.max_steps, opts.video)
     ended = ~np.isnan(returns)
     result = EvalResult(

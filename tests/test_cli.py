@@ -81,6 +81,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("algo.lrr=1", "unknown config key 'algo.lrr' (did you mean 'algo.lr'?)"),
     ("algo.lr=fast", "algo.lr: Value 'fast' of type 'str' could not be converted to Float"),
     ("env=cartpol", "unknown env preset 'cartpol' (did you mean 'cartpole'?)"),
+    ("hydra/launcher=vmapp", "unknown hydra/launcher preset 'vmapp' (did you mean 'vmap'?)"),
     ("async.max_staleness=2", "the async trainer's keys are asynchronous.* now (use asynchronous.max_staleness)"),
     ("backend.num_cpus=1", "only backend=ray takes this key"),
     ("env.id=NoSuchEnv-v0", "env.id"),

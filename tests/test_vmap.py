@@ -106,7 +106,10 @@ def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["vmap: algo.num_steps differ between jobs (shaping keys): jobs with different values "
                      "train in different programs",
-                     "vmap: 4 jobs: 2 group(s) of 4 members as one program each"]
+                     "vmap: 4 jobs: 2 group(s) of 2 members, one program each"]
+    _describe(cfgs[:3], *plan(cfgs[:3], 1024))  # a group of 2 jobs, and one alone
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "vmap: 3 jobs: 1 group(s) of 2 members, one program each, 1 on their own"
 
 
 def test_a_launcher_option_out_of_range_is_one_line(tmp_path):

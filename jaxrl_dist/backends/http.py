@@ -29,6 +29,7 @@ from typing import Optional
 from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
                                  stack_outputs)
 from jaxrl_dist.backends import wire
+from jaxrl_dist.config import needs
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
@@ -77,8 +78,7 @@ class HttpBackend:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _make_client(self):
-        import httpx
-
+        httpx = needs("httpx", "http", "backend=http")
         limits = httpx.Limits(max_connections=max(64, self.cfg.max_shards),
                               max_keepalive_connections=max(64, self.cfg.max_shards))
         return httpx.AsyncClient(timeout=self.cfg.shard_timeout, limits=limits)

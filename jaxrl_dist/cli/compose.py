@@ -35,10 +35,24 @@ def one_line(err: Exception) -> str:
     return " ".join(str(err).split())
 
 
+# Hydra's launcher and sweeper plugins that the `sweep` extra installs
+SWEEP_EXTRA = "the joblib and ray launchers and the optuna sweeper come with pip install 'jaxrl-dist[sweep]'"
+
+
 def presets(group: str = "env", config_dirs: Sequence[str] = ()) -> list:
-    """The options of a config group: packaged YAML, the ConfigStore's, a user's --config-dir."""
+    """The options of a config group: packaged YAML, the ConfigStore's, a user's --config-dir
+    (for `hydra/launcher` and `hydra/sweeper`: the installed plugins')."""
     found = {p.stem for d in (CONFIG_DIR, *map(Path, config_dirs)) for p in (d / group).glob("*.yaml")}
-    return sorted(found | set(SCHEMAS.get(group, ())))
+    return sorted(found | set(SCHEMAS.get(group, ())) | _stored(group))
+
+
+def _stored(group: str) -> set:
+    if not group.startswith("hydra/"):
+        return set()
+    try:
+        return {name[:-len(".yaml")] for name in ConfigStore.instance().list(group) if name.endswith(".yaml")}
+    except OSError:  # no such group
+        return set()
 
 
 def store_schemas() -> None:
@@ -119,7 +133,9 @@ def task_preset(overrides: Sequence[str]) -> list:
 def unknown_preset(group: str, option: str, config_dirs: Sequence[str] = ()) -> str:
     """The one line for a preset `group` lacks, with the closest one and every choice."""
     choices = presets(group, config_dirs)
-    return f"unknown {group} preset '{option}'{did_you_mean(option, choices)} (choose from: {', '.join(choices)})"
+    plugins = f"; {SWEEP_EXTRA}" if group in ("hydra/launcher", "hydra/sweeper") else ""
+    return (f"unknown {group} preset '{option}'{did_you_mean(option, choices)} "
+            f"(choose from: {', '.join(choices)}){plugins}")
 
 
 def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
@@ -133,7 +149,7 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
         if isinstance(cause, OmegaConfBaseException):
             cause.full_key = match.group(1)  # the key as the user wrote it (OmegaConf's may be a prefix)
         return omegaconf_message(cause, known_keys()) if isinstance(cause, OmegaConfBaseException) else text
-    match = re.search(r"Could not (?:find|load) '([^/']+)/([^']+)'", text)
+    match = re.search(r"Could not (?:find|load) '((?:hydra/)?[^/']+)/([^']+)'", text)
     if match:
         return unknown_preset(*match.groups(), config_dirs)
     if isinstance(err, OmegaConfBaseException):

@@ -33,7 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
 from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, RayBackendConfig, check_recurrent, distributed_config,
-                               from_job, to_dict)
+                               from_job, needs, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
@@ -295,7 +295,7 @@ def yaml_value(text: str):
 def _quiet_optuna() -> None:
     """Optuna's messages through the logging Hydra set up (plain lines), not Optuna's own
     handler, which writes colour codes even into a file."""
-    import optuna  # the Optuna sweeper's own dependency
+    optuna = needs("optuna", "sweep", "hydra/sweeper=optuna")  # the Optuna sweeper's own dependency
 
     optuna.logging.disable_default_handler()
     optuna.logging.enable_propagation()

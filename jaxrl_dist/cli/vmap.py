@@ -137,8 +137,9 @@ def _describe(configs: list, groups: list, alone: dict) -> None:
     if split:
         _say(f"vmap: {', '.join(split)} differ between jobs (shaping keys): jobs with different values "
              "train in different programs")
-    members = sum(configs[i].num_seeds for g in groups for i in g)
-    _say(f"vmap: {len(configs)} jobs: {len(groups)} group(s) of {members} members as one program each"
+    sizes = sorted({sum(configs[i].num_seeds for i in g) for g in groups})
+    members = "-".join(str(n) for n in sizes[::max(1, len(sizes) - 1)])  # "4", or "2-6" where they differ
+    _say(f"vmap: {len(configs)} jobs: {len(groups)} group(s) of {members} members, one program each"
          f"{f', {len(alone)} on their own' if alone else ''}")
 
 

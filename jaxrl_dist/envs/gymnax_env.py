@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_dist.config import needs
 from jaxrl_dist.core.types import EnvSpec, StepOut
 from jaxrl_dist.envs.base import EnvMakeError, Suite, image_frame
 
@@ -130,6 +131,7 @@ class GymnaxEnv:
 
             os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame: no sound card, no display
             os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            needs("pygame", "video", "a picture of a classic-control env (eval.video=true)")
             import gymnasium
             from gymnax.visualize import vis_gym
 

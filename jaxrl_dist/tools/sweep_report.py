@@ -33,6 +33,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from jaxrl_dist.config import needs
 from jaxrl_dist.tools.files import markdown_table
 from jaxrl_dist.tools.plots import color, figure, save
 from jaxrl_dist.tools.report import ReportError, Run, column, load_run, wall_clock
@@ -131,8 +132,7 @@ def final_scores(group: Group) -> np.ndarray:
 
 def iqm_intervals(groups: list, seed: int = 0) -> dict:
     """`{label: (iqm, low, high)}`: rliable's IQM of the final returns, 95% stratified bootstrap."""
-    from rliable import library as rly
-    from rliable import metrics
+    rly, metrics = _rliable("library"), _rliable("metrics")
 
     scores = {g.label: final_scores(g)[:, None] for g in groups if len(final_scores(g))}
     if not scores:
@@ -147,13 +147,18 @@ def iqm_intervals(groups: list, seed: int = 0) -> dict:
 
 def performance_profiles(groups: list, seed: int = 0) -> tuple:
     """`(thresholds, {label: (profile, low, high)})` over the groups' final returns."""
-    from rliable import library as rly
+    rly = _rliable("library")
 
     scores = {g.label: final_scores(g)[:, None] for g in groups if len(final_scores(g))}
     every = np.concatenate([s.ravel() for s in scores.values()])
     thresholds = np.linspace(every.min(), every.max(), 50) if every.max() > every.min() else every[:1]
     profiles, cis = rly.create_performance_profile(scores, thresholds, reps=BOOTSTRAP_REPS)
     return thresholds, {k: (profiles[k], cis[k][0], cis[k][1]) for k in profiles}
+
+
+def _rliable(part: str):
+    """rliable's `part` (the `report` extra), or the one line naming the extra."""
+    return needs(f"rliable.{part}", "report", "jaxrl-dist report SWEEP_DIR")
 
 
 # ---------------------------------------------------------------- figures and table

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from jaxrl_dist.config import ConfigError, LoggerConfig
+from jaxrl_dist.config import LoggerConfig, needs
 
 WANDB_ID_FILE = "wandb_id"
 
@@ -48,11 +48,7 @@ class WandbTracker:
         """`lg`: the run's `logger.*` keys; `config`: the run's whole config as a nested
         dict, its secrets left out (`config.without_secrets`): a secret never leaves the
         machine."""
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("logger.wandb: the wandb package is not installed "
-                              "(pip install 'jaxrl-dist[wandb]')") from None
+        wandb = needs("wandb", "wandb", "logger.wandb=true")
         id_file = Path(run_dir) / WANDB_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
         self.run = wandb.init(project=lg.wandb_project, entity=lg.wandb_entity, group=lg.wandb_group,
