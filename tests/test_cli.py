@@ -99,6 +99,15 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     assert not run_dir.exists()  # failed before making the run (nothing compiled)
 
 
+def test_an_unknown_loss_is_the_runs_only_line(tmp_path):
+    """The setup's checks come before the note on the step budget (500,000 steps is not a
+    whole number of updates here)."""
+    out = run_cli("train", "trainer=fused", "algo.loss=nope", f"run.dir={tmp_path / 'run'}", timeout=120)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: algo.loss: unknown loss 'nope' (registered: "), lines
+
+
 def test_yaml_defaults_match_the_dataclass_defaults():
     """The CLI's values come from the dataclasses (configs/ only picks presets): the main
     job picks the sync trainer and the learned scheduler, and the default env preset

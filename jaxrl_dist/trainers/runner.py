@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -237,18 +236,19 @@ def _fused_parts(cfg: Config, run_dir, resuming: bool) -> tuple:
 
 
 def _rounding_note(cfg: Config) -> None:
-    """Say once, up front, when the step budget is not a whole number of updates."""
+    """Say once, before the compile, when the step budget is not a whole number of updates
+    (after the setup's checks: a bad plugin option stays the run's only line)."""
     batch = cfg.env.num_envs * cfg.algo.num_steps
     updates = cfg.algo.total_timesteps // batch
     if updates * batch != cfg.algo.total_timesteps and not cfg.run.resume:
-        print(f"note: algo.total_timesteps={cfg.algo.total_timesteps:,} is {updates} updates of {batch} "
-              f"steps (env.num_envs x algo.num_steps): training {updates * batch:,} steps", file=sys.stderr)
+        status.say(f"note: algo.total_timesteps={cfg.algo.total_timesteps:,} is {updates} updates of {batch} "
+                   f"steps (env.num_envs x algo.num_steps): training {updates * batch:,} steps")
 
 
 def _train_fused(cfg: Config, run_dir, resuming: bool, t_start: float) -> RunSummary:
-    _rounding_note(cfg)
     with status.showing(f"making {cfg.env.id} and compiling its training program", cfg.run.progress):
         env, setup, ckpt, K = _fused_parts(cfg, run_dir, resuming)
+        _rounding_note(cfg)
         # in the helper thread: a Ctrl-C during a long compile is answered at once
         runner, compiled, compile_s = interrupt.wait_for(_start_and_compile, setup, env, ckpt, cfg, resuming, K)
     start = int(runner.update)
