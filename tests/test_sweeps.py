@@ -121,6 +121,7 @@ def test_help_lists_every_group_and_its_presets():
     for group, option in (("env", "cartpole"), ("backend", "ray"), ("scheduler", "learned"),
                           ("cost", "aws_lambda"), ("algo", "ppo"), ("trainer", "fused")):
         assert re.search(rf"^{group}: .*{option}", out, re.M), group
+    assert "hydra/launcher=vmap" in out and "hydra.sweeper.n_jobs" in out  # the packaged launcher, too
 
 
 def test_shell_completion_completes_after_train():
