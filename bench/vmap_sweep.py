@@ -6,7 +6,9 @@ fresh `XDG_CACHE_HOME` (no compile cache from an earlier side), one side after a
 
 - `--same`: for each traced key, a sweep of its default and another value (10 updates
   each) with `hydra/launcher=vmap` and with `hydra/launcher=basic`: the largest absolute
-  difference of each job's params between the two.
+  difference of each job's params between the two. On a 2-core host each member of such
+  a group has a CPU device to itself; `four_members` sweeps 4 learning rates (two
+  members a device: a batched program) after 10 and after 40 updates.
 - `--speed`: 16 `algo.lr` values x 4 seeds (64 jobs; CartPole, 4 envs x 128 steps, 4
   epochs x 4 minibatches, 5e5 steps each) with the vmap launcher; `trainer=fused
   num_seeds=64` with the same config; the basic launcher on 8 of the jobs, extrapolated
@@ -80,20 +82,29 @@ def same(work: Path) -> dict:
     sweep of its default and another value (two jobs, one program under vmap)."""
     from jaxrl_dist.config import AlgoConfig
 
-    base = ["-m", "trainer=fused", "env.num_envs=4", "algo.num_steps=32", "algo.minibatch_size=null",
-            "algo.num_minibatches=2", "algo.update_epochs=2", f"algo.total_timesteps={4 * 32 * 10}",
-            "run.progress=false", "run.tensorboard=false"]
     rows = {}
     for key, value in TRACED.items():
-        sweep = f"algo.{key}={getattr(AlgoConfig(), key)},{value}"
-        dirs = {}
-        for launcher in ("vmap", "basic"):
-            dirs[launcher] = work / f"{key}_{launcher}"
-            cli([*base, sweep, f"hydra/launcher={launcher}", f"run.dir={dirs[launcher]}"], work)
-        for a, b in zip(job_dirs(dirs["vmap"]), job_dirs(dirs["basic"])):
-            given = next(o for o in _overrides(a) if o.startswith(f"algo.{key}="))
-            rows[given] = max(float(abs(x - y).max()) for x, y in zip(params(a), params(b)))
-    return {"largest_abs_difference": rows, "max": max(rows.values()), "target": 1e-5}
+        rows.update(_vmap_against_basic(work, key, f"{getattr(AlgoConfig(), key)},{value}", 10))
+    four = {f"{n}_updates": _vmap_against_basic(work, "lr", "1e-4,3e-4,1e-3,3e-3", n) for n in (10, 40)}
+    return {"largest_abs_difference": rows, "max": max(rows.values()), "target": 1e-5,
+            "four_members": {**four, "max_after_10": max(four["10_updates"].values())}}
+
+
+def _vmap_against_basic(work: Path, key: str, values: str, updates: int) -> dict:
+    """`{override: largest params difference}` of each job of the sweep `algo.KEY=VALUES`
+    (`updates` updates each), `hydra/launcher=vmap` against `hydra/launcher=basic`."""
+    base = ["-m", "trainer=fused", "env.num_envs=4", "algo.num_steps=32", "algo.minibatch_size=null",
+            "algo.num_minibatches=2", "algo.update_epochs=2", f"algo.total_timesteps={4 * 32 * updates}",
+            "run.progress=false", "run.tensorboard=false", f"algo.{key}={values}"]
+    dirs = {}
+    for launcher in ("vmap", "basic"):
+        dirs[launcher] = work / f"{key}_{values.count(',') + 1}_{updates}_{launcher}"
+        cli([*base, f"hydra/launcher={launcher}", f"run.dir={dirs[launcher]}"], work)
+    rows = {}
+    for a, b in zip(job_dirs(dirs["vmap"]), job_dirs(dirs["basic"])):
+        given = next(o for o in _overrides(a) if o.startswith(f"algo.{key}="))
+        rows[given] = max(float(abs(x - y).max()) for x, y in zip(params(a), params(b)))
+    return rows
 
 
 def _overrides(run: Path) -> list:
