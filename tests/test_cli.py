@@ -85,6 +85,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("async.max_staleness=2", "the async trainer's keys are asynchronous.* now (use asynchronous.max_staleness)"),
     ("backend.num_cpus=1", "only backend=ray takes this key"),
     ("env.id=NoSuchEnv-v0", "env.id"),
+    ("env.id=CartPol-v1", "unknown env.id 'CartPol-v1' (did you mean 'CartPole-v1'?)"),
     ("env.num_envs=0", "env.num_envs"),
     ("algo.minibatch_size=100", "algo.minibatch_size"),
     ("env=nosuch", "env preset 'nosuch'"),

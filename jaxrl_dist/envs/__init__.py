@@ -3,13 +3,14 @@
 `env.suite` names a suite: the built-in `gymnax`, `jumanji`, `envpool` and `brax`, or a plugin
 registered under the entry-point group `jaxrl_dist.env_suites` (a class or
 object with `installed()`, `has(env_id)`, `make(env_id, num_envs, seed,
-num_threads, kwargs)` and a `hint` for installing it). `auto` takes the first
+num_threads, kwargs)`, a `hint` for installing it and, optionally, `ids()` for "did
+you mean"). `auto` takes the first
 installed suite that has the id: gymnax, jumanji, envpool, brax, then plugins by name.
 """
 from __future__ import annotations
 
 from jaxrl_dist.core.networks import is_frame_stack
-from jaxrl_dist.config import ConfigError, EnvConfig
+from jaxrl_dist.config import ConfigError, EnvConfig, did_you_mean
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
 from jaxrl_dist.envs.wrappers import check_wrapper, wrap
 from jaxrl_dist.registry import Registry
@@ -46,17 +47,23 @@ def resolve_suite(env_id: str, suite: str = "auto") -> str:
         if not found.installed():
             raise EnvMakeError(f"env.suite={suite} is not installed: {found.hint}")
         if not found.has(env_id):
-            raise EnvMakeError(f"unknown env.id {env_id!r}: {suite} has no such environment")
+            raise EnvMakeError(f"unknown env.id {env_id!r}{_closest(env_id, [found])}: {suite} has no such environment")
         return suite
-    for name in _order():
-        found = _suite(name)
-        if found.installed() and found.has(env_id):
+    installed = [s for s in map(_suite, _order()) if s.installed()]
+    for name, found in zip(_order(), map(_suite, _order())):
+        if found in installed and found.has(env_id):
             return name
+    closest = _closest(env_id, installed)
     if not _suite("envpool").installed():
-        raise EnvMakeError(f"unknown env.id {env_id!r}: not a gymnax id, and envpool ids need "
+        raise EnvMakeError(f"unknown env.id {env_id!r}{closest}: not a gymnax id, and envpool ids need "
                            f"the envpool extra ({_suite('envpool').hint})")
-    raise EnvMakeError(f"unknown env.id {env_id!r}: no registered suite ({', '.join(_order())}) "
+    raise EnvMakeError(f"unknown env.id {env_id!r}{closest}: no registered suite ({', '.join(_order())}) "
                        f"has such an environment")
+
+
+def _closest(env_id: str, suites: list) -> str:
+    """` (did you mean 'X'?)` over the ids the installed `suites` list."""
+    return did_you_mean(env_id, [i for s in suites for i in getattr(s, "ids", lambda: [])()])
 
 
 def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,

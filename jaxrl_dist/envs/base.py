@@ -63,5 +63,10 @@ class Suite:
         raise NotImplementedError
 
     @staticmethod
+    def ids() -> list:
+        """Its env ids, for "did you mean" (optional: a plugin may list none)."""
+        return []
+
+    @staticmethod
     def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None) -> EnvAdapter:
         raise NotImplementedError

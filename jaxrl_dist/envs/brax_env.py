@@ -164,6 +164,8 @@ class BraxSuite(Suite):
     def has(env_id: str) -> bool:
         return env_id in brax_ids()
 
+    ids = staticmethod(brax_ids)
+
     @staticmethod
     def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
         return BraxEnv(env_id, num_envs, kwargs)

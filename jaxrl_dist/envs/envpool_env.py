@@ -119,6 +119,8 @@ class EnvpoolSuite(Suite):
     def has(env_id: str) -> bool:
         return env_id in envpool_ids()
 
+    ids = staticmethod(envpool_ids)
+
     @staticmethod
     def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
         return EnvpoolEnv(env_id, num_envs, seed, num_threads, kwargs)

@@ -154,6 +154,8 @@ class GymnaxSuite(Suite):
     def has(env_id: str) -> bool:
         return env_id in gymnax_ids()
 
+    ids = staticmethod(gymnax_ids)
+
     @staticmethod
     def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
         return GymnaxEnv(env_id, num_envs, kwargs)

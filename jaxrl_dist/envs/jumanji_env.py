@@ -187,5 +187,9 @@ class JumanjiSuite(Suite):
         return env_id in ENV_IDS
 
     @staticmethod
+    def ids() -> list:
+        return list(ENV_IDS)
+
+    @staticmethod
     def make(env_id: str, num_envs: int, seed: int = 0, num_threads: int = 0, kwargs=None):
         return JumanjiEnv(env_id, num_envs, kwargs)
