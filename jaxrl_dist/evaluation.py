@@ -99,7 +99,12 @@ def saved_state(cfg: Config, run_dir) -> tuple:
             template = shard_template(cfg)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         on_one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), template)
-        return step, ckpt.restore(on_one, step)
+        try:
+            return step, ckpt.restore(on_one, step)
+        except (ValueError, TypeError, KeyError) as e:  # orbax: a tree or shape that is not the config's
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"{run_dir}: checkpoint {step} does not match the run's config "
+                              f"(trainer={cfg.trainer.name}, num_seeds={cfg.num_seeds}): {first}") from None
     finally:
         ckpt.close()
 
@@ -280,6 +285,9 @@ class EvalResult(NamedTuple):
 def evaluate(run_dir, opts) -> dict:
     """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`); writes
     and returns `RUN_DIR/eval.json`."""
+    saved = load_run_config(Path(run_dir))
+    if saved.trainer.name == "fused" and not 0 <= opts.seed_index < saved.num_seeds:  # named as typed
+        raise ConfigError(f"eval.seed_index: {opts.seed_index} is not one of the run's {saved.num_seeds} seeds")
     policy = load_policy(run_dir, opts.deterministic, opts.seed_index)
     cfg = policy.config
     env = env_of(cfg.env, opts.episodes, opts.seed)

@@ -48,6 +48,9 @@ def test_a_trained_cartpole_evaluates_to_475_greedily_deterministically_and_on_v
     reader = imageio.get_reader(solved / "eval.mp4")
     assert sum(1 for _ in reader) == again["video_frames"] == again["lengths"][0]
     assert reader.get_meta_data()["size"] == (600, 400)  # gymnasium's CartPole picture
+    out = run_cli("eval", str(solved), "eval.seed_index=3", timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: eval.seed_index: 3 is not one of the run's 1 seeds"], out.stderr
 
 
 def test_image_observations_render_from_the_observation():

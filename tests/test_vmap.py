@@ -110,6 +110,8 @@ def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
     _describe(cfgs[:3], *plan(cfgs[:3], 1024))  # a group of 2 jobs, and one alone
     assert capsys.readouterr().err.splitlines()[-1] == \
         "vmap: 3 jobs: 1 group(s) of 2 members, one program each, 1 on their own"
+    _describe([cfgs[0], None], *plan(cfgs[:1], 1024))  # no group at all: one alone, one that failed
+    assert capsys.readouterr().err.splitlines()[-1] == "vmap: 2 jobs: 1 on their own, 1 failed their checks"
 
 
 def test_a_launcher_option_out_of_range_is_one_line(tmp_path):
@@ -183,3 +185,27 @@ def test_the_launcher_composes_each_job_as_hydra_does():
             with open_dict(full):
                 full.hydra.job.id = full.hydra.job.num = 5 + i
             assert OmegaConf.to_container(fast) == OmegaConf.to_container(full), overrides
+
+
+def test_a_recurrent_member_checkpoints_its_own_hidden_state(tmp_path):
+    """A GRU group's member writes the hidden state of its own envs only: its checkpoint
+    evaluates and resumes alone, and matches its job run alone."""
+    from jaxrl_dist.config import EvalConfig
+    from jaxrl_dist.evaluation import evaluate
+
+    gru = {"network": "gru", "hidden_sizes": [16]}
+    cfgs = [job(tmp_path / f"member{i}", seed=i, num_seeds=n, checkpoint_every=5, algo={**gru, "lr": lr})
+            for i, (n, lr) in enumerate([(1, 1e-3), (2, 3e-3)])]
+    train_group(cfgs, [c.run.dir for c in cfgs], say=lambda _: None)
+    member = tmp_path / "member1"
+    alone = tmp_path / "alone1"
+    train(dataclasses.replace(cfgs[1], run=dataclasses.replace(cfgs[1].run, dir=str(alone))))
+    assert largest_difference(member, alone) <= 1e-5
+    carry = jax.tree.leaves(latest_state(member)[1].actor.carry)
+    assert carry and all(x.shape[0] == 2 * 4 for x in carry)  # 2 seeds x 4 envs, not the group's 3 x 4
+    assert np.isfinite(evaluate(member, EvalConfig(episodes=2, max_steps=50))["mean_return"])
+    resumed = tmp_path / "resumed"
+    shutil.copytree(member, resumed)
+    shutil.rmtree(resumed / "checkpoints" / str(UPDATES))
+    train(from_dict({"run": {"resume": str(resumed), "progress": False}}))
+    assert largest_difference(resumed, member) <= 1e-5

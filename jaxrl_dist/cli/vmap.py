@@ -139,8 +139,10 @@ def _describe(configs: list, groups: list, alone: dict) -> None:
              "train in different programs")
     sizes = sorted({sum(configs[i].num_seeds for i in g) for g in groups})
     members = "-".join(str(n) for n in sizes[::max(1, len(sizes) - 1)])  # "4", or "2-6" where they differ
-    _say(f"vmap: {len(configs)} jobs: {len(groups)} group(s) of {members} members, one program each"
-         f"{f', {len(alone)} on their own' if alone else ''}")
+    parts = [f"{len(groups)} group(s) of {members} members, one program each"] if groups else []
+    parts += [f"{len(alone)} on their own"] if alone else []
+    parts += [f"{len(configs) - len(ok)} failed their checks"] if len(ok) < len(configs) else []
+    _say(f"vmap: {len(configs)} jobs: {', '.join(parts)}")
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:

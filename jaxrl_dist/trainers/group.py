@@ -101,8 +101,9 @@ def member_slice(runner, m: Member, envs_per_seed: int):
     by_seed = lambda x: x[m.lo:m.hi] if x.ndim else x  # noqa: E731
     by_env = lambda x: x[m.lo * envs_per_seed:m.hi * envs_per_seed]  # noqa: E731
     actor = runner.actor
-    actor = actor._replace(env_state=jax.tree.map(by_env, actor.env_state), obs=by_env(actor.obs),
-                           episodes=jax.tree.map(by_env, actor.episodes), norm=jax.tree.map(by_seed, actor.norm))
+    env_leaves = ("env_state", "obs", "episodes", "carry", "reset", "mask")  # `[N, ...]` (see ActorState)
+    actor = actor._replace(norm=jax.tree.map(by_seed, actor.norm),
+                           **{k: jax.tree.map(by_env, getattr(actor, k)) for k in env_leaves})
     return runner._replace(train=jax.tree.map(by_seed, runner.train), actor=actor, key=by_seed(runner.key))
 
 
