@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import math
 import re
 from dataclasses import dataclass, field
@@ -27,11 +28,16 @@ def require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def needs(module: str, extra: str, what: str):
+def needs(module: str, extra: str, what: str, load: bool = True):
     """`module`, imported; if it cannot be, a `ConfigError` naming what needs it and the
-    extra that installs it (an optional dependency is imported only where it is used)."""
+    extra that installs it (an optional dependency is imported only where it is used).
+    `load=False` only finds it: a check before a run writes anything, without its import."""
     try:
-        return importlib.import_module(module)
+        if load:
+            return importlib.import_module(module)
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}")
+        return None
     except ImportError as err:
         raise ConfigError(f"{what} needs {module}, which does not import here ({err}): "
                           f"pip install 'jaxrl-dist[{extra}]'") from None

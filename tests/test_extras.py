@@ -65,11 +65,16 @@ def test_a_command_without_its_extra_is_one_line(tmp_path, blocked, args, extra)
 
 
 def test_http_backend_and_video_without_their_extras(tmp_path):
-    """`backend=http` without httpx; `eval.video=true` without pygame, before its episodes."""
+    """`backend=http` without httpx and `logger.wandb=true` without wandb, before the run
+    is written; `eval.video=true` without pygame, before its episodes."""
     common = ["algo.total_timesteps=1024", "run.progress=false", "run.tensorboard=false"]
     line = one_line(run_without(tmp_path, "httpx", "train", "backend=http", "backend.urls=[http://127.0.0.1:9]",
                                 "run.dir=http", *common, env={"JAXRL_DIST_TOKEN": "t"}))
     assert "backend=http needs httpx" in line and "jaxrl-dist[http]" in line
+    assert not (tmp_path / "http").exists()  # checked before Hydra wrote the run
+    line = one_line(run_without(tmp_path, "wandb", "train", "logger.wandb=true", "run.dir=wandb", *common))
+    assert "logger.wandb=true needs wandb" in line and "jaxrl-dist[wandb]" in line
+    assert not (tmp_path / "wandb").exists()
     run = tmp_path / "fused"
     out = subprocess.run(command() + ["train", "trainer=fused", f"run.dir={run}", *common], capture_output=True,
                          text=True, timeout=180, env=dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME)))

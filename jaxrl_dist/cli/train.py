@@ -32,8 +32,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, RayBackendConfig, check_recurrent, distributed_config,
-                               from_job, needs, to_dict)
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_recurrent,
+                               distributed_config, from_job, needs, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted
@@ -70,12 +70,18 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
     if not config.run.resume:  # a resumed run checks the config saved with it
-        from jaxrl_dist.envs import check_wrapper, resolve_suite  # the env suites import JAX
+        from jaxrl_dist.core.ppo import check_plugins  # the env suites, network and loss import JAX
+        from jaxrl_dist.envs import check_wrapper, resolve_suite
 
         suite = resolve_suite(config.env.id, config.env.suite)
         if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
             check_recurrent(config, suite)
         check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
+        check_plugins(config.algo)
+    if isinstance(config.backend, HttpBackendConfig):
+        needs("httpx", "http", "backend=http", load=False)
+    if config.logger.wandb:
+        needs("wandb", "wandb", "logger.wandb=true", load=False)
     return config
 
 
@@ -340,13 +346,13 @@ def main(argv: Sequence[str]) -> int:
     if "--print-config" in flags:  # the composed config as the library takes it
         print(OmegaConf.to_yaml(to_dict(load_config(users))), end="")
         return 0
-    if any(f in _INFO_FLAGS for f in flags):
-        _complete_after_train()
-        return _hydra(flags + users)
     multirun = "-m" in flags or "--multirun" in flags
     dirs = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-cd", "--config-dir")]
     _state["config_dirs"] = dirs
     try:
+        if any(f in _INFO_FLAGS for f in flags):
+            _complete_after_train()
+            return _hydra(flags + users)
         if not multirun:
             sweep = next((o for o in users if _is_sweep(o)), None)
             if sweep:

@@ -113,17 +113,25 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
                  activation: str = "tanh", options=None):
     """Build the actor-critic for an env: CNN for image observations, else MLP, or the
     plugin `network` names with its `options` (a mapping it validates)."""
-    if network not in BUILTIN:
-        factory = NETWORKS.get(network)
-        opts = plugin_options(factory, options or {}, "algo.network_options")
+    factory, opts = checked_network(network, options)
+    if factory is not None:
         return factory(spec, tuple(hidden_sizes), activation, opts)
-    if options:
-        raise ConfigError(f"algo.network_options.{sorted(options)[0]}: the built-in networks take no options")
     torso = network
     if torso == "auto":
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"
     return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
                        max(1, len(spec.obs_shape)))
+
+
+def checked_network(network: str, options=None) -> tuple:
+    """`(factory, options)` of the network `network` names, its options checked by it;
+    `(None, None)` for a built-in feed-forward one (which takes no options)."""
+    if network not in BUILTIN:
+        factory = NETWORKS.get(network)
+        return factory, plugin_options(factory, options or {}, "algo.network_options")
+    if options:
+        raise ConfigError(f"algo.network_options.{sorted(options)[0]}: the built-in networks take no options")
+    return None, None
 
 
 def is_recurrent(network) -> bool:

@@ -84,9 +84,22 @@ def options(a, loss=None, **settings) -> PPOOptions:
     else the one `algo.loss` names, with `algo.loss_options` checked by it."""
     shared = {f: getattr(a, f) for f in PPOOptions._fields if f in type(a).__dataclass_fields__
               and f not in ("minibatch_size", "loss")}
-    fn = loss if loss is not None else LOSSES.get(a.loss)
-    opts = plugin_options(fn, a.loss_options, "algo.loss_options")
+    fn, opts = checked_loss(a, loss)
     return PPOOptions(**{**shared, **settings, "loss": fn, "loss_options": opts})
+
+
+def checked_loss(a, loss=None) -> tuple:
+    """`(loss, options)`: `loss`, else the one `algo.loss` names, and `algo.loss_options`
+    checked by it (`ConfigError`, one line, for an unknown name or option)."""
+    fn = loss if loss is not None else LOSSES.get(a.loss)
+    return fn, plugin_options(fn, a.loss_options, "algo.loss_options")
+
+
+def check_plugins(a: AlgoConfig) -> None:
+    """The network and loss an `AlgoConfig` names, and their options: a run checks them
+    before it writes anything (`ConfigError`, one line)."""
+    networks.checked_network(a.network, a.network_options)
+    checked_loss(a)
 
 
 class Batch(NamedTuple):
