@@ -121,6 +121,7 @@ def test_each_plugin_trains_cartpole_from_an_installed_distribution(installed, t
     assert out["network"]["params_sha256"] != out["loss"]["params_sha256"]
     marks = (tmp_path / "marker.txt").read_text().split()
     assert marks and marks[1::2] == ["2"] * (len(marks) // 2)
+    assert marks[0::2] == [str(r) for r in range(len(marks) // 2)]  # each round once (warming is not one)
     shards = [json.loads(x)["num_shards"] for x in
               (tmp_path / "scheduler" / "metrics.jsonl").read_text().splitlines()]
     assert shards[:4] == [1, 3, 1, 3]

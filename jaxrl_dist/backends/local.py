@@ -81,8 +81,8 @@ class LocalBackend:
         """Compile the round program for `len(tasks)` shards: run it once on a copy of the
         slots' states and drop the answers (an envpool slot's shard would step its envs:
         those compile in their first round)."""
-        if table is not None:
-            self.run_round(0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
+        if table is not None:  # this class's round, not a subclass's: warming is not a round to count
+            LocalBackend.run_round(self, 0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()

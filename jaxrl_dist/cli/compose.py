@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
-                               from_dict, omegaconf_message, to_dict, typed, unknown_key)
+                               from_dict, omegaconf_message, schema, to_dict, typed, unknown_key)
 
 # inside the package, so a plain (non-editable) install finds them from any directory
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -173,7 +173,20 @@ def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
 
 def load_config(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Config:
     """The checked `Config` of `overrides`; `ConfigError` names what is wrong."""
-    return from_dict(compose(overrides, config_dirs), override_keys(overrides))
+    keys = override_keys(overrides)
+    return from_dict(_named_schemas(compose(overrides, config_dirs), keys), keys)
+
+
+def _named_schemas(data: dict, user_keys: Sequence[str]) -> dict:
+    """`data` without the keys a preset gave a backend or scheduler that its `name` now
+    names another schema without (`scheduler.name=PLUGIN` over the default preset's
+    `scheduler.path`); a key the user set stays, for the check to name."""
+    for group in SCHEMAS:
+        part = data.get(group)
+        if isinstance(part, dict) and isinstance(part.get("name"), str):
+            fields = schema(group, part["name"]).__dataclass_fields__
+            data[group] = {k: v for k, v in part.items() if k in fields or f"{group}.{k}" in user_keys}
+    return data
 
 
 def options(cls, overrides: Sequence[str], group: str):
