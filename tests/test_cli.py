@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli import compose as cli
 from jaxrl_dist.config import Config, ConfigError, from_dict
 
@@ -40,6 +41,9 @@ def test_help_prints_usage():
     assert out.returncode == 0
     assert "usage: jaxrl-dist" in out.stdout and "train" in out.stdout
     assert "cartpole" in out.stdout  # presets are listed
+    out = run_cli("trian", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: unknown command 'trian' (did you mean 'train'?); commands: " + ", ".join(COMMANDS)]
 
 
 def test_train_writes_complete_run_dir(tmp_path):
@@ -87,6 +91,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("env.id=NoSuchEnv-v0", "env.id"),
     ("env.id=CartPol-v1", "unknown env.id 'CartPol-v1' (did you mean 'CartPole-v1'?)"),
     ("env.num_envs=0", "env.num_envs"),
+    ("algo.network=nope", "algo.network: unknown network 'nope' (registered: "),
     ("algo.minibatch_size=100", "algo.minibatch_size"),
     ("env=nosuch", "env preset 'nosuch'"),
     ("algo.lr=[", "algo.lr"),
@@ -100,13 +105,33 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     assert not run_dir.exists()  # failed before making the run (nothing compiled)
 
 
+def test_an_info_flag_with_a_bad_key_is_one_line():
+    """`--cfg job` composes as a run does: a misspelt key is the same one line, exit 2."""
+    out = run_cli("train", "--cfg", "job", "algo.lrr=1", timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert (out.stdout + out.stderr).strip() == "error: unknown config key 'algo.lrr' (did you mean 'algo.lr'?)"
+
+
 def test_an_unknown_loss_is_the_runs_only_line(tmp_path):
-    """The setup's checks come before the note on the step budget (500,000 steps is not a
-    whole number of updates here)."""
+    """The loss is checked before anything is written, and before the note on the step
+    budget (500,000 steps is not a whole number of updates here)."""
     out = run_cli("train", "trainer=fused", "algo.loss=nope", f"run.dir={tmp_path / 'run'}", timeout=120)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     assert out.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: algo.loss: unknown loss 'nope' (registered: "), lines
+    assert not (tmp_path / "run").exists()  # checked before Hydra wrote the run
+
+
+def test_a_schedulers_name_over_the_default_preset_drops_the_presets_own_keys():
+    """`scheduler.name=X` over the default (learned) preset: the library's compose keeps
+    only X's keys, as the CLI's does; a key of another schema the user set is still named."""
+    from jaxrl_dist.cli.compose import load_config
+    from jaxrl_dist.config import AdaptSchedulerConfig, ConfigError
+
+    assert isinstance(load_config(["scheduler.name=adapt"]).scheduler, AdaptSchedulerConfig)
+    assert load_config(["scheduler.name=max"]).scheduler.name == "max"
+    with pytest.raises(ConfigError, match="'scheduler.path': only scheduler=learned takes this key"):
+        load_config(["scheduler.name=max", "scheduler.path=x"])
 
 
 def test_yaml_defaults_match_the_dataclass_defaults():

@@ -274,6 +274,12 @@ def test_budget_and_deadline_spans_are_flags_and_a_bad_one_names_itself(tmp_path
             cli.main(["scheduler", "train", "env=cartpole", "--budgets", bad, "--out", str(tmp_path / "s")])
         assert exit_.value.code == 2
         assert "argument --budgets: expected" in capsys.readouterr().err.strip().splitlines()[-1]
+    for flag, bad, says in [("--updates", "0", "expected > 0"), ("--lr", "x", "expected a number"),
+                            ("--time-weight", "2", "expected >= 0.0 and <= 1.0")]:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["scheduler", "train", flag, bad, "--out", str(tmp_path / "s")])
+        assert exit_.value.code == 2
+        assert f"argument {flag}: {says}" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_fine_tuning_from_another_shard_range_names_the_key(trained):

@@ -116,6 +116,8 @@ def test_cli_plots_a_round_and_a_fused_run_together(real_runs, tmp_path):
     for name in ALL_PLOTS - expected:
         assert any(line.startswith(f"{name}: skipped") for line in lines), (name, lines)
     assert not list(fused_dir.glob("*.png"))
+    alone = run_cli("report", str(round_dir))  # one bar beside a tall legend: laid out without a warning
+    assert alone.returncode == 0 and "Warning" not in alone.stderr, alone.stderr
 
 
 def test_plot_runs_in_process_with_cost_fields(tmp_path):

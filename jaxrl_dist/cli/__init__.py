@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from jaxrl_dist.config import ConfigError
+from jaxrl_dist.config import ConfigError, did_you_mean
 from jaxrl_dist.platform import configure_cpu
 
 EXIT_CONFIG_ERROR, EXIT_INTERRUPTED = 2, 130  # 130: the shell's code for Ctrl-C
@@ -58,6 +58,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] in (["-sc"], ["--shell-completion"]):  # Hydra's completion script asks the program
         argv = ["train", *argv]
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}{did_you_mean(argv[0], list(COMMANDS))}; "
+              f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     if not argv or argv[0] not in COMMANDS:
         _usage().parse_args(argv)  # prints the usage (exit 0 for --help, 2 otherwise)
         return EXIT_CONFIG_ERROR

@@ -23,6 +23,23 @@ def _span(text: str) -> tuple:
     return lo, hi
 
 
+def _above(low: float, kind=int, closed: bool = False, high: float = float("inf")):
+    """An argparse type: a `kind` greater than `low` (at least `low` where `closed`), at most `high`."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        if value < low or (value == low and not closed) or value > high:
+            bound = f"{'>=' if closed else '>'} {low}" + (f" and <= {high}" if high < float("inf") else "")
+            raise argparse.ArgumentTypeError(f"expected {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrl-dist scheduler")
     train = parser.add_subparsers(dest="action", metavar="ACTION", required=True).add_parser(
@@ -33,12 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     add("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     add("--out", required=True, help="the scheduler file to write")
     add("--init-from", help="a scheduler file to fine-tune from (or scheduler.init_from=PATH)")
-    add("--updates", type=int, default=60, help="PPO updates of the scheduler")
-    add("--episodes", type=int, default=8, help="training runs side by side")
-    add("--rollout", type=int, default=16, help="rounds per scheduler update")
-    add("--max-rounds", type=int, default=60, help="rounds before an episode is cut")
-    add("--time-weight", type=float, default=0.5, help="reward weight of modeled time against dollars (0..1)")
-    add("--target-bonus", type=float, default=10.0)
+    add("--updates", type=_above(0), default=60, help="PPO updates of the scheduler")
+    add("--episodes", type=_above(0), default=8, help="training runs side by side")
+    add("--rollout", type=_above(0), default=16, help="rounds per scheduler update")
+    add("--max-rounds", type=_above(0), default=60, help="rounds before an episode is cut")
+    add("--time-weight", type=_above(0.0, float, closed=True, high=1.0), default=0.5, help="reward weight of modeled time against dollars (0..1)")
+    add("--target-bonus", type=_above(0.0, float, closed=True), default=10.0)
     add("--budgets", type=_span, metavar="LO,HI", help="the budgets episodes draw, uniformly, in units of "
         "--max-rounds rounds at max_shards (default 0.05,0.5); each is none half the time")
     add("--deadlines", type=_span, metavar="LO,HI", help="the same for the deadlines (default 0.1,0.6)")
@@ -46,11 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         "deadline: priced per round as the others (cost), or rewarded only for the progress they end with")
     add("--features", metavar="base|all|A,B", help="what the scheduler sees: base (the default), all (base plus "
         "budget_rounds and time_rounds: what is left of a limit in rounds at the most shards), or names")
-    add("--seed", type=int, default=0)
+    add("--seed", type=_above(0, closed=True), default=0)
     add("--task", action="append", default=[], metavar="'KEY=VALUE ...'", help="one task of a scheduler "
         "trained over several (repeat it): its own overrides, after the common ones")
-    add("--epochs", type=int, default=4, help="the scheduler's PPO epochs per update")
-    add("--lr", type=float, default=3e-4, help="the scheduler's learning rate")
+    add("--epochs", type=_above(0), default=4, help="the scheduler's PPO epochs per update")
+    add("--lr", type=_above(0.0, float), default=3e-4, help="the scheduler's learning rate")
     add("--profile", metavar="PATH", help="latency profile (jaxrl-dist calibrate); default: the one shipped for "
         "env.id, else profile.Profile()'s defaults")
     return parser

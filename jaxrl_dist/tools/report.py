@@ -445,9 +445,10 @@ def plot_phase_totals(runs: dict, out_dir: Path, notes: list, summaries: Optiona
                      for label in runs if label not in rows], list(rows), notes)
     if not rows:
         return None
-    fig, axes = figure(height=1.0 + 0.5 * len(rows))
-    ax, labels = axes[0, 0], list(rows)
     names = sorted({n for parts in rows.values() for n in parts}, key=_phase_order)
+    # tall enough for the bars and for the legend beside them (a short figure collapses the axes)
+    fig, axes = figure(height=max(1.0 + 0.5 * len(rows), 1.2 + 0.25 * len(names)))
+    ax, labels = axes[0, 0], list(rows)
     left = [0.0] * len(labels)
     for n in names:
         widths = [rows[label].get(n, 0.0) for label in labels]
