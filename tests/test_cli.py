@@ -83,6 +83,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("algo.foo=1", "'algo.foo'"),
     ("+algo.foo=1", "'algo.foo'"),
     ("algo.lrr=1", "unknown config key 'algo.lrr' (did you mean 'algo.lr'?)"),
+    ("hydra.job.chdirr=true", "unknown config key 'hydra.job.chdirr' (did you mean 'hydra.job.chdir'?)"),
     ("algo.lr=fast", "algo.lr: Value 'fast' of type 'str' could not be converted to Float"),
     ("env=cartpol", "unknown env preset 'cartpol' (did you mean 'cartpole'?)"),
     ("hydra/launcher=vmapp", "unknown hydra/launcher preset 'vmapp' (did you mean 'vmap'?)"),

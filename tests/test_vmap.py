@@ -119,7 +119,10 @@ def test_a_launcher_option_out_of_range_is_one_line(tmp_path):
                   f"run.dir={tmp_path / 's'}", timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: hydra.launcher.max_members must be a positive integer, got 0"
-
+    out = run_cli("train", "-m", "hydra/launcher=vmap", "hydra.launcher.max_member=4", "seed=1,2",
+                  f"run.dir={tmp_path / 's'}", timeout=120)
+    assert out.returncode == 2 and out.stderr.strip() == ("error: unknown config key 'hydra.launcher.max_member' "
+                                                          "(did you mean 'hydra.launcher.max_members'?)")
 
 
 def test_a_later_group_of_the_same_shape_loads_its_program(tmp_path, monkeypatch):

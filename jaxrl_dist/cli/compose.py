@@ -148,13 +148,23 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
     if match:
         if isinstance(cause, OmegaConfBaseException):
             cause.full_key = match.group(1)  # the key as the user wrote it (OmegaConf's may be a prefix)
-        return omegaconf_message(cause, known_keys()) if isinstance(cause, OmegaConfBaseException) else text
+        return omegaconf_message(cause, _known_near(cause)) if isinstance(cause, OmegaConfBaseException) else text
     match = re.search(r"Could not (?:find|load) '((?:hydra/)?[^/']+)/([^']+)'", text)
     if match:
         return unknown_preset(*match.groups(), config_dirs)
     if isinstance(err, OmegaConfBaseException):
         return omegaconf_message(err, known_keys())
     return text
+
+
+def _known_near(err: OmegaConfBaseException) -> list:
+    """The keys to suggest for `err`'s key: the schema's, or for a `hydra.` key (a
+    launcher's or sweeper's own options) its siblings in the composed node."""
+    key, parent = getattr(err, "full_key", "") or "", getattr(err, "parent_node", None)
+    if not key.startswith("hydra.") or parent is None or not OmegaConf.is_dict(parent):
+        return known_keys()
+    head = key.rpartition(".")[0]
+    return [f"{head}.{k}" for k in parent.keys() if not str(k).startswith("_")]
 
 
 def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
