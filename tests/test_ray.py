@@ -8,6 +8,7 @@ processes on 127.0.0.2 and 127.0.0.3) runs shards on both.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -246,8 +247,37 @@ def _stop(procs) -> None:
         p.wait()
 
 
+def _reset_ray_auth() -> None:
+    """Make this process's Ray read the auth mode and token from the environment again."""
+    try:  # Ray >= 2.5x caches both at first use
+        from ray._private.authentication_test_utils import reset_auth_token_state
+    except ImportError:  # a Ray without token auth
+        return
+    reset_auth_token_state()
+
+
+@contextlib.contextmanager
+def _token_auth(token: str):
+    """This driver joins with `token`; after, it is as before: a later local runtime in the
+    same worker must not start its head on ~/.ray/auth_token while the driver still holds
+    the cached `token` (InvalidAuthToken)."""
+    keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    _reset_ray_auth()
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _reset_ray_auth()
+
+
 @pytest.fixture
-def two_nodes(tmp_path, monkeypatch, request):
+def two_nodes(tmp_path, request):
     """`127.0.0.2:PORT`: a head node and a worker node, 2 CPUs each (or the CPUs an
     indirect parameter gives), token auth on."""
     port = _free_port(LOOPBACK_IP)
@@ -255,35 +285,28 @@ def two_nodes(tmp_path, monkeypatch, request):
     # a token of the cluster's own: a fresh machine has no ~/.ray/auth_token, and `ray start` makes none
     token = secrets.token_hex(32)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # this driver joins with the token
-    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
-    try:  # Ray >= 2.5x reads the mode once; make it read it again
-        from ray._private.authentication_test_utils import reset_auth_token_state
-    except ImportError:  # a Ray without token auth
-        pass
-    else:
-        reset_auth_token_state()
     common = [f"--num-cpus={getattr(request, 'param', 2)}", "--disable-usage-stats", "--block"]
     procs = []
-    try:
-        procs.append(subprocess.Popen(
-            [ray_cli, "start", "--head", f"--node-ip-address={LOOPBACK_IP}", f"--port={port}",
-             "--include-dashboard=false", *common],
-            env=env, start_new_session=True, stdout=(tmp_path / "head.log").open("w"),
-            stderr=subprocess.STDOUT))
-        procs.append(subprocess.Popen(
-            [ray_cli, "start", f"--address={LOOPBACK_IP}:{port}", "--node-ip-address=127.0.0.3",
-             *common],
-            env=env, start_new_session=True, stdout=(tmp_path / "worker.log").open("w"),
-            stderr=subprocess.STDOUT))
-        address = f"{LOOPBACK_IP}:{port}"
-        _wait_for_nodes(address, 2, procs, tmp_path)
-        yield address
-    finally:
-        _stop(procs)
-        current = Path("/tmp/ray/ray_current_cluster")  # ours only if it names our port
-        if current.exists() and current.read_text().strip().endswith(f":{port}"):
-            current.unlink(missing_ok=True)
+    with _token_auth(token):
+        try:
+            procs.append(subprocess.Popen(
+                [ray_cli, "start", "--head", f"--node-ip-address={LOOPBACK_IP}", f"--port={port}",
+                 "--include-dashboard=false", *common],
+                env=env, start_new_session=True, stdout=(tmp_path / "head.log").open("w"),
+                stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(
+                [ray_cli, "start", f"--address={LOOPBACK_IP}:{port}", "--node-ip-address=127.0.0.3",
+                 *common],
+                env=env, start_new_session=True, stdout=(tmp_path / "worker.log").open("w"),
+                stderr=subprocess.STDOUT))
+            address = f"{LOOPBACK_IP}:{port}"
+            _wait_for_nodes(address, 2, procs, tmp_path)
+            yield address
+        finally:
+            _stop(procs)
+            current = Path("/tmp/ray/ray_current_cluster")  # ours only if it names our port
+            if current.exists() and current.read_text().strip().endswith(f":{port}"):
+                current.unlink(missing_ok=True)
 
 
 def _wait_for_nodes(address: str, n: int, procs, tmp_path, timeout: float = 90.0) -> None:
