@@ -261,18 +261,13 @@ def _token_auth(token: str):
     """This driver joins with `token`; after, it is as before: a later local runtime in the
     same worker must not start its head on ~/.ray/auth_token while the driver still holds
     the cached `token` (InvalidAuthToken)."""
-    keys = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
-    before = {k: os.environ.get(k) for k in keys}
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
-    _reset_ray_auth()
     try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("RAY_AUTH_MODE", "token")
+            env.setenv("RAY_AUTH_TOKEN", token)
+            _reset_ray_auth()
+            yield
+    finally:  # the environment is as before here: Ray reads it again
         _reset_ray_auth()
 
 
