@@ -839,6 +839,7 @@ class ServeConfig:
         be checked against; keys that name files or paths are never allowed."""
         _positive("serve", self, "max_body_mb", "max_slot", "max_envs", "max_rollout_mb", "max_programs",
                   "max_pools", "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s")
+        require(0 <= self.port <= 65535, f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
         for env_id, rules in self.allowed_env_kwargs.items():
             require(isinstance(rules, dict), f"serve.allowed_env_kwargs.{env_id}: expected a mapping of kwarg rules")
             for name, rule in rules.items():

@@ -130,3 +130,6 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
                  {"img_height": {"min": 1}}):
         with pytest.raises(ConfigError, match=r"^serve\.allowed_env_kwargs\.Pong-v5\."):
             ServeConfig(allowed_env_kwargs={"Pong-v5": rule}).check()
+    for port in (-1, 65536, 99999):  # uvicorn would bind 99999 as 34463
+        with pytest.raises(ConfigError, match=rf"^serve\.port must be in 0\.\.65535 .*got {port}$"):
+            ServeConfig(port=port).check()

@@ -39,11 +39,21 @@ def main(argv: Sequence[str]) -> int:
         base = app.config_from_env(ServeConfig())  # the environment, then overrides and flags
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    cfg = options(base, args.overrides, "serve").check()
-    cfg = dataclasses.replace(cfg, **{k: v for k in ("host", "port", "token") if (v := getattr(args, k)) is not None})
+    cfg = options(base, args.overrides, "serve")
+    flags = {k: v for k in ("host", "port", "token") if (v := getattr(args, k)) is not None}
+    if os.environ.get("PORT"):  # the platform's port wins (`app.serve`): checked as serve.port
+        flags["port"] = _port(os.environ["PORT"])
+    cfg = dataclasses.replace(cfg, **flags).check()
     if cfg.token is None and not os.environ.get("JAXRL_DIST_TOKEN"):
         raise ConfigError("serve.token: no token; pass --token, set JAXRL_DIST_TOKEN, "
                           "or serve.token='' to serve without authentication")
     use_unrolled_threefry()
     app.serve(cfg)
     return 0
+
+
+def _port(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"$PORT: not a port number, got {text!r}") from None
