@@ -33,7 +33,7 @@ from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, 
 from jaxrl_dist.core.networks import step as step_policy
 from jaxrl_dist.core.types import RunningMoments
 from jaxrl_dist.envs import env_of
-from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, load_run_config
+from jaxrl_dist.trainers.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, load_run_config, saved_steps
 from jaxrl_dist.trainers.rounds import state_template as shard_template
 from jaxrl_dist.trainers.runner import state_template as fused_template
 
@@ -87,7 +87,9 @@ def saved_state(cfg: Config, run_dir) -> tuple:
     trainer's own state type (`RunnerState` for fused, `ShardState` for sync and async),
     on one device: a data-parallel run's state was saved sharded over devices this
     process may not have."""
-    ckpt = Checkpointer(Path(run_dir))
+    if not saved_steps(run_dir):  # before orbax starts its threads, which a quick exit would cut short
+        raise ConfigError(f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}")
+    ckpt = Checkpointer(Path(run_dir), read_only=True)
     try:
         step = ckpt.latest_step()
         if step is None:

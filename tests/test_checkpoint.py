@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jaxrl_dist.trainers import checkpoint, fused
-from jaxrl_dist.config import from_dict
+from jaxrl_dist.config import ConfigError, from_dict
 from jaxrl_dist.envs import make_env
 
 CACHE_HOME = Path(tempfile.gettempdir()) / "jaxrl-dist-test-cache"
@@ -137,3 +137,23 @@ def test_envpool_resume_resets_envs_and_finishes(tmp_path):
     assert resumed["resumed_at_update"] == 20
     assert [r["update"] for r in read_metrics(tmp_path)] == list(range(1, 41))
     assert finished_steps(tmp_path)[-1] == 40
+
+
+def test_a_run_dir_without_a_checkpoint_yet_resumes_from_the_start_saying_so(tmp_path):
+    """Stopped before its first checkpoint (an unfinished write is a temporary directory):
+    `restore_latest` gives the fresh state back with one line; `eval` refuses the dir
+    without starting orbax."""
+    from jaxrl_dist.evaluation import saved_state
+
+    (tmp_path / checkpoint.CHECKPOINT_SUBDIR / "4.orbax-checkpoint-tmp").mkdir(parents=True)
+    assert checkpoint.saved_steps(tmp_path) == []
+    said, fresh = [], {"x": np.zeros(2)}
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    try:
+        assert ckpt.restore_latest(fresh, said.append) is fresh
+    finally:
+        ckpt.close()
+    assert said == [f"run.resume: no checkpoint in {tmp_path.resolve() / 'checkpoints'} yet (the run stopped "
+                    "before its first): training from the start"]
+    with pytest.raises(ConfigError, match="no checkpoint in"):
+        saved_state(from_dict({"trainer": "fused"}), tmp_path)

@@ -55,14 +55,22 @@ DAMAGED_SUBDIR = "damaged_checkpoints"  # where resume sets damaged steps aside
 ITEM = "default"  # the directory of a step's one item (orbax's name for it)
 
 
-def _manager(run_dir: Path):
+def _manager(run_dir: Path, read_only: bool = False):
     import orbax.checkpoint as ocp
 
-    # cleanup_tmp_directories: drop a write that a killed run left unfinished
-    options = ocp.CheckpointManagerOptions(max_to_keep=MAX_TO_KEEP, create=True,
+    # cleanup_tmp_directories: a writer drops a write that a killed run left unfinished; a
+    # reader (`eval` beside a live run) must not drop the write that run has in flight
+    options = ocp.CheckpointManagerOptions(max_to_keep=MAX_TO_KEEP, create=not read_only, read_only=read_only,
                                            enable_async_checkpointing=False,
-                                           cleanup_tmp_directories=True)
+                                           cleanup_tmp_directories=not read_only)
     return ocp.CheckpointManager(Path(run_dir).resolve() / CHECKPOINT_SUBDIR, options=options)
+
+
+def saved_steps(run_dir) -> list:
+    """The steps orbax committed in `run_dir` (by their directories' names: an unfinished
+    write is a temporary directory), read without starting orbax."""
+    root = Path(run_dir) / CHECKPOINT_SUBDIR
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir()) if root.is_dir() else []
 
 
 def _file_digests(step_dir: Path) -> dict:
@@ -140,10 +148,10 @@ class Checkpointer:
     rounds (`run.checkpoint_every`), and every `every_s` seconds since the last save
     or `restart_clock()` (`run.checkpoint_every_s`); 0 turns either off."""
 
-    def __init__(self, run_dir: Path, every: int = 0, every_s: float = 0.0):
+    def __init__(self, run_dir: Path, every: int = 0, every_s: float = 0.0, read_only: bool = False):
         self.run_dir = Path(run_dir).resolve()
         with _quiet_orbax():  # it reads the steps' metadata, and logs a damaged one's
-            self._mngr = _manager(run_dir)
+            self._mngr = _manager(run_dir, read_only)
         self.seconds = 0.0  # spent in `save`, for the run summary
         self.every, self.every_s, self._last = int(every), float(every_s), time.monotonic()
 
@@ -205,7 +213,7 @@ class Checkpointer:
 
     def restore_latest(self, template, say: Callable[[str], None] = _say):
         """The newest intact checkpoint restored into `template`'s structure (`template`
-        itself when there is none). Each damaged step is reported in one line and set
+        itself when there is none, said in one line). Each damaged step is reported in one line and set
         aside; then one line says which step the run resumes from. `ConfigError`
         naming `run.resume` when every step is damaged (nothing is moved then)."""
         damaged = []
@@ -222,6 +230,8 @@ class Checkpointer:
         if damaged:
             raise ConfigError(f"run.resume: no intact checkpoint in {self.run_dir / CHECKPOINT_SUBDIR} "
                               f"(damaged: {', '.join(map(str, damaged))})")
+        say(f"run.resume: no checkpoint in {self.run_dir / CHECKPOINT_SUBDIR} yet (the run stopped before "
+            "its first): training from the start")
         return template
 
     def _try_restore(self, step: int, template) -> tuple:
