@@ -23,7 +23,7 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Dict, Mapping, Union
 
-from jaxrl_dist.config import ConfigError, typed
+from jaxrl_dist.config import ConfigError, did_you_mean, typed
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,7 +60,7 @@ class Registry:
             return _load(target) if isinstance(target, str) else target
         ep = self._plugins().get(name)
         if ep is None:
-            raise ConfigError(f"{self.key}: unknown {self.what} {name!r} "
+            raise ConfigError(f"{self.key}: unknown {self.what} {name!r}{did_you_mean(name, self.names())} "
                               f"(registered: {', '.join(self.names())})")
         try:
             return ep.load()
@@ -68,6 +68,12 @@ class Registry:
             dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
             raise ConfigError(f"{self.key}: {self.what} {name!r} from distribution {dist} "
                               f"failed to import: {type(err).__name__}: {err}") from err
+
+    def check(self, name: str, given: Mapping, key: str) -> None:
+        """A plugin's name and its options (`key`), checked before a run writes anything;
+        a built-in is taken as named (its keys are its schema's, already checked)."""
+        if name not in self._builtin:
+            options(self.get(name), given, key)
 
 
 def _load(target: str) -> Any:

@@ -1,0 +1,22 @@
+"""The named parts a run is built from, checked before the run writes anything: the env
+suite that has `env.id` (and a built-in recurrent network's fit to it), the env wrapper,
+the network and the loss, and for a shard trainer a plugin backend or scheduler, each
+with its options. A bad one is a `ConfigError` naming its key."""
+from __future__ import annotations
+
+from jaxrl_dist.backends import BACKENDS
+from jaxrl_dist.config import Config, check_recurrent
+from jaxrl_dist.core.ppo import check_plugins
+from jaxrl_dist.envs import check_wrapper, resolve_suite
+from jaxrl_dist.scheduling.schedulers import SCHEDULERS
+
+
+def check_parts(config: Config) -> None:
+    suite = resolve_suite(config.env.id, config.env.suite)
+    if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
+        check_recurrent(config, suite)
+    check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
+    check_plugins(config.algo)
+    if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler
+        BACKENDS.check(config.backend.name, config.backend.options, "backend.options")
+        SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
