@@ -112,7 +112,23 @@ def test_ctrl_c_mid_chunk_is_acknowledged_at_once_and_twice_stops_there(tmp_path
     finally:
         proc.kill()
         proc.wait()
-    assert last.endswith(f"continue from it with jaxrl-dist train run.resume={run}")
+    # killed inside the first chunk: no checkpoint yet, and the line says so
+    assert last.endswith(f"no checkpoint written yet; start it again with jaxrl-dist train run.resume={run}")
     assert not [x for x in seen if x.startswith("steps ") and not x.startswith("steps 0/")]
     assert (run / "metrics.jsonl").read_text() == ""  # the chunk never ended
     assert not (run / "summary.json").exists()
+
+
+def test_ctrl_c_on_a_vmap_sweep_leaves_each_job_what_a_job_writes(tmp_path):
+    """A group interrupted after its first records: each job keeps its checkpoint and
+    still gets its `.hydra/` and job log (Hydra's job, run for it), and the sweep exits 130."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=vmap", "trainer=fused", "seed=0,1", "algo.total_timesteps=307200",
+            f"run.dir={sweep}", "run.progress=false", "run.tensorboard=false"]
+    out = interrupt_after_first_records(args, sweep / "0" / "metrics.jsonl")
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "interrupted: each job of group 1/1 saved a checkpoint" in out.stderr
+    for job in (sweep / "0", sweep / "1"):
+        assert [p for p in (job / "checkpoints").iterdir() if p.name.isdigit()]
+        assert (job / ".hydra" / "config.yaml").is_file() and (job / "train.log").is_file()
+        assert "interrupted in a group; continue with run.resume=" in (job / "train.log").read_text()

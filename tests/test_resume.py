@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxrl_dist.config import ConfigError, from_dict
+from jaxrl_dist.config import ConfigError, from_dict, to_dict
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.runner import train
 from conftest import runs_once
@@ -163,6 +163,8 @@ def _bad_inputs(root: Path) -> list:
         (root / name).mkdir(parents=True)
         (root / name / "config.yaml").write_text(text)
     (root / "file").write_text("not a directory")
+    (root / "saved").mkdir()
+    checkpoint.save_run_config(root / "saved", to_dict(from_dict({"trainer": "fused"})))
     cases = [([f"run.resume={root / n}"], str(root / n / "config.yaml")) for n in ("notyaml", "list", "unknown")]
     cases += [([f"run.dir={root / 'file'}"], str(root / "file")),
               ([f"run.dir={root / 'file' / 'sub'}"], str(root / "file" / "sub")),
@@ -170,7 +172,12 @@ def _bad_inputs(root: Path) -> list:
               (["run.resume=/proc/self"], "run.resume"),  # not a run dir
               (["trainer=sync", "backend=http", "backend.urls=[not-a-url]"], "backend.urls[0]"),
               (["trainer=sync", "backend=http", "backend.urls=[http://127.0.0.1:8000,http://h:99999]"],
-               "backend.urls[1]")]
+               "backend.urls[1]"),
+              # a resumed run trains its saved config: a key beside run.resume is not dropped silently
+              ([f"run.resume={root / 'saved'}", "algo.lr=0.1"], "algo.lr: run.resume="),
+              ([f"run.resume={root / 'saved'}", f"run.dir={root / 'other'}"], "a resumed run stays in its own"),
+              # a misspelt plugin name, before a run dir is written
+              ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)")]
     return cases
 
 

@@ -30,10 +30,10 @@ COMMANDS = {
 _EPILOG = """\
 overrides (Hydra syntax):
   env=PRESET            a preset from jaxrl_dist/configs/env/ ({presets})
-  env.id=ID env.suite=gymnax|envpool|brax
-                        any gymnax, envpool or brax id without a preset
+  env.id=ID env.suite=gymnax|envpool|brax|jumanji
+                        any id of a suite, without a preset
   algo.lr=3e-4 algo.total_timesteps=1e6 num_seeds=4 seed=1
-  run.dir=DIR run.resume=DIR run.progress=false   (jaxrl-dist train --help: every key)
+  run.dir=DIR run.resume=DIR run.progress=false   (jaxrl-dist train --print-config: every key)
 
 examples:
   jaxrl-dist train

@@ -121,7 +121,7 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
         raise ConfigError(f"--processes must be positive, got {processes}")
     if any(o.split("=", 1)[0].startswith("trainer.distributed.") for o in overrides):
         raise ConfigError("trainer.distributed.*: jaxrl-dist launch sets these for each process")
-    run_dir = Path(_given(overrides, "run.dir") or default_run_dir()).resolve()
+    run_dir = Path(_given(overrides, "run.resume") or _given(overrides, "run.dir") or default_run_dir()).resolve()
     if not _given(overrides, "run.resume"):
         check_usable(run_dir)
         check_fresh(run_dir)

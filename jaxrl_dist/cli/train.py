@@ -32,11 +32,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_recurrent,
-                               distributed_config, from_job, needs, to_dict)
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, distributed_config,
+                               from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
-from jaxrl_dist.trainers.interrupt import Interrupted
+from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_now
 
 EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
 EXIT_NO_LEGAL_ACTION = 4  # the env allowed no action where the policy had to act
@@ -46,6 +46,8 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
                 "--config-dir", "--experimental-rerun")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
+# the keys a resumed run reads from the command line (`trainer.distributed.*`: `launch` sets them)
+RESUMED_KEYS = ("run.resume", "run.progress", "run.compile_cache", "run.dir", "trainer.distributed")
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
 # this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
 _state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
@@ -69,20 +71,29 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
         config = from_job(job, override_keys(overrides))
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
-    if not config.run.resume:  # a resumed run checks the config saved with it
-        from jaxrl_dist.core.ppo import check_plugins  # the env suites, network and loss import JAX
-        from jaxrl_dist.envs import check_wrapper, resolve_suite
+    if config.run.resume:
+        _check_resumed(config, override_keys(overrides))
+    else:  # a resumed run checks the config saved with it
+        from jaxrl_dist.trainers.parts import check_parts  # the env suites, network and loss import JAX
 
-        suite = resolve_suite(config.env.id, config.env.suite)
-        if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
-            check_recurrent(config, suite)
-        check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
-        check_plugins(config.algo)
+        check_parts(config)
     if isinstance(config.backend, HttpBackendConfig):
         needs("httpx", "http", "backend=http", load=False)
     if config.logger.wandb:
         needs("wandb", "wandb", "logger.wandb=true", load=False)
     return config
+
+
+def _check_resumed(config: Config, keys: Sequence[str]) -> None:
+    """A resumed run trains the config saved in its directory: a key set beside
+    `run.resume` that it would not read is an error naming it, not silently dropped."""
+    for key in keys:
+        if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMED_KEYS):
+            continue
+        raise ConfigError(f"{key}: run.resume={config.run.resume} continues with the config saved in that "
+                          "directory; drop the key (a resumed run takes only run.progress and run.compile_cache)")
+    require(not config.run.dir or Path(config.run.dir).resolve() == Path(config.run.resume).resolve(),
+            f"run.dir={config.run.dir}: a resumed run stays in its own directory (run.resume={config.run.resume})")
 
 
 def _check_run_dir(config: Config, run_dir: Optional[str]) -> None:
@@ -194,6 +205,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
         LOG.info("%s", err)
         print(err, file=sys.stderr, flush=True)
+        if isinstance(err, StoppedAtOnce):
+            exit_now(EXIT_INTERRUPTED)
         raise SystemExit(EXIT_INTERRUPTED) from None
     LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     return _objective(summary, config.run.objective)
@@ -232,12 +245,16 @@ def _reported(run) -> float:
 
 def trained(summary: Optional[dict], failure: Optional[str] = None):
     """Hydra's task function for a job already trained in a group (`hydra/launcher=vmap`):
-    its log lines and objective, or its failure's one line."""
+    its log lines and objective, or its failure's one line; with neither, the group was
+    interrupted (its checkpoint is in the run dir) and the objective is NaN."""
 
     def task(cfg) -> float:
         def run() -> float:
             if failure is not None:
                 raise JobFailed(failure, EXIT_CONFIG_ERROR)
+            if summary is None:
+                LOG.info("interrupted in a group; continue with run.resume=%s", HydraConfig.get().runtime.output_dir)
+                return math.nan
             LOG.info("trained in a group; run dir %s", summary["run_dir"])
             LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
             return _objective(summary, str(cfg.run.objective))

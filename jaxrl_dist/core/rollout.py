@@ -5,7 +5,7 @@ the env steps one flat batch of `N = S * B` envs (envpool cannot be vmapped).
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

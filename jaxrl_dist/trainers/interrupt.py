@@ -39,11 +39,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StoppedAtOnce(Interrupted):
-    """A second Ctrl-C stopped the run where it was: nothing saved since its last checkpoint."""
+    """A second Ctrl-C stopped the run where it was: nothing saved since its last
+    checkpoint (`saved`: whether it has one)."""
 
-    def __init__(self, run_dir):
-        KeyboardInterrupt.__init__(self, "stopped at once (Ctrl-C twice): nothing saved since the last "
-                                   f"checkpoint; continue from it with jaxrl-dist train run.resume={run_dir}")
+    def __init__(self, run_dir, saved: bool = True):
+        then = ("nothing saved since the last checkpoint; continue from it" if saved
+                else "no checkpoint written yet; start it again")
+        KeyboardInterrupt.__init__(self, f"stopped at once (Ctrl-C twice): {then} with "
+                                   f"jaxrl-dist train run.resume={run_dir}")
         self.run_dir, self.step = run_dir, None
 
 
@@ -101,9 +104,10 @@ def _announce(wake: threading.Event, text: str) -> None:
 
 
 @contextlib.contextmanager
-def one_line_when_stopped_at_once(run_dir):
+def one_line_when_stopped_at_once(run_dir, saved: Callable[[], bool] = lambda: True):
     """A second Ctrl-C's `KeyboardInterrupt`, raised wherever the run was, as
-    `StoppedAtOnce`: one line where it would have been a traceback."""
+    `StoppedAtOnce`: one line where it would have been a traceback. `saved()`: whether
+    the run has a checkpoint to continue from."""
     try:
         yield
     except Interrupted:
@@ -111,7 +115,19 @@ def one_line_when_stopped_at_once(run_dir):
     except KeyboardInterrupt:
         if not _twice.is_set():
             raise
-        raise StoppedAtOnce(run_dir) from None
+        raise StoppedAtOnce(run_dir, saved()) from None
+
+
+def exit_now(code: int) -> None:
+    """End the process at once, its output flushed: after a second Ctrl-C a checkpoint
+    write may still be going on in orbax's threads, which an orderly exit would cut
+    off mid-write with a traceback each (the write is a temporary directory, dropped
+    when the run continues)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 class _Job:
@@ -157,13 +173,8 @@ def _exit_if_busy() -> None:
     """At exit with the helper thread still in a compiled call (the main thread left
     `wait_for` on a second Ctrl-C): end the process here. The interpreter would stop
     that thread inside XLA's C++ code, and the C++ runtime aborts on that."""
-    if not _busy.is_set():
-        return
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(130 if _twice.is_set() else 1)
+    if _busy.is_set():
+        exit_now(130 if _twice.is_set() else 1)
 
 
 def wait_for(fn: Callable, *args):

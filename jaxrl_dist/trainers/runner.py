@@ -205,7 +205,8 @@ def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0) -> RunSummary:
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)  # the compile cache on, if asked
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
     unit = {"sync": "round", "async": "update"}.get(cfg.trainer.name, "chunk")
-    with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(cfg.run.dir):
+    with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(
+            cfg.run.dir, lambda: bool(checkpoint.saved_steps(cfg.run.dir))):
         if cfg.trainer.name not in ("async", "sync"):  # fused traces its chunk loop, past the compile
             return _train_fused(cfg, run_dir, resuming, t_start)
         with _profiling(cfg.run.profile_dir):  # the round trainers compile as they go
