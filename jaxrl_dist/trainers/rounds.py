@@ -311,7 +311,9 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
     return RunSummary(
         trainer=cfg.trainer.name, env_id=cfg.env.id, final_return=final, returns_per_seed=per_seed,
         env_steps=env_steps, total_env_steps=env_steps, num_updates=rounds, num_seeds=1,
-        wall_seconds=time.perf_counter() - t_start, compile_seconds=t.compile_seconds,
+        # from the process's start (`launch_s`, the start-up's first phase), so the start-up
+        # and the rounds add up within it
+        wall_seconds=trainer.launch_s + time.perf_counter() - t_start, compile_seconds=t.compile_seconds,
         train_seconds=t.train_seconds,
         sps=(env_steps - t.done_steps) / t.train_seconds if t.train_seconds > 0 else None,
         params_sha256=params_digest(trainer.state.train.params), peak_rss_mb=peak_rss_mb(),
