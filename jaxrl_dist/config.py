@@ -644,9 +644,11 @@ def validate(cfg: Config) -> Config:
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """` (did you mean 'x'?)` for the closest of `choices`, else ''."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.8)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    """` (did you mean 'x'?)` for the closest of `choices`, else ''; case aside
+    (`env=CartPole` finds `cartpole`)."""
+    lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=0.8)
+    return f" (did you mean '{lower[close[0]]}'?)" if close else ""
 
 
 def config_keys(tree: dict, prefix: str = "") -> list:

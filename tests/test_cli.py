@@ -41,6 +41,8 @@ def test_help_prints_usage():
     assert out.returncode == 0
     assert "usage: jaxrl-dist" in out.stdout and "train" in out.stdout
     assert "cartpole" in out.stdout  # presets are listed
+    out = run_cli("--version", timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("jaxrl-dist 0.")
     out = run_cli("trian", timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: unknown command 'trian' (did you mean 'train'?); commands: " + ", ".join(COMMANDS)]
@@ -86,6 +88,7 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("hydra.job.chdirr=true", "unknown config key 'hydra.job.chdirr' (did you mean 'hydra.job.chdir'?)"),
     ("algo.lr=fast", "algo.lr: Value 'fast' of type 'str' could not be converted to Float"),
     ("env=cartpol", "unknown env preset 'cartpol' (did you mean 'cartpole'?)"),
+    ("env=CartPole", "unknown env preset 'CartPole' (did you mean 'cartpole'?)"),
     ("hydra/launcher=vmapp", "unknown hydra/launcher preset 'vmapp' (did you mean 'vmap'?)"),
     ("async.max_staleness=2", "the async trainer's keys are asynchronous.* now (use asynchronous.max_staleness)"),
     ("backend.num_cpus=1", "only backend=ray takes this key"),

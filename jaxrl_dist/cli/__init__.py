@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -47,6 +48,7 @@ def _usage() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrl-dist", description="PPO in JAX on gymnax, envpool and brax "
                                      "environments.", epilog=_EPILOG.format(presets=", ".join(envs)),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, text in COMMANDS.items():
         sub.add_parser(name, help=text, add_help=False)
@@ -56,6 +58,9 @@ def _usage() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     configure_cpu()  # before JAX starts: XLA reads its flags once
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"jaxrl-dist {version('jaxrl-dist')}")
+        return 0
     if argv[:1] in (["-sc"], ["--shell-completion"]):  # Hydra's completion script asks the program
         argv = ["train", *argv]
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
