@@ -177,7 +177,9 @@ def _bad_inputs(root: Path) -> list:
               ([f"run.resume={root / 'saved'}", "algo.lr=0.1"], "algo.lr: run.resume="),
               ([f"run.resume={root / 'saved'}", f"run.dir={root / 'other'}"], "a resumed run stays in its own"),
               # a misspelt plugin name, before a run dir is written
-              ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)")]
+              ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)"),
+              ([f"run.dir={root / 'learned'}", "trainer=sync", "scheduler=learned", "scheduler.max_shards=31"],
+               "scheduler.max_shards=31: the scheduler in ")]
     return cases
 
 

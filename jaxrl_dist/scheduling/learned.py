@@ -99,11 +99,7 @@ class LearnedScheduler:
     name = "learned"
 
     def __init__(self, cfg, backend_cfg, full=None):
-        path = Path(cfg.path) if cfg.path else preset_path(DEFAULT)
-        if not path.is_file():
-            raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
-        trained = load(path)
-        check_fits(trained, path, backend_cfg, cfg)
+        path, trained = checked_file(cfg, backend_cfg)
         # no fixed scale (not among its tasks, no target or max_return): `running_scale` each round
         self.running = full is not None and not has_scale(trained, full)
         if full is not None:
@@ -128,6 +124,18 @@ class LearnedScheduler:
         return self.backend_max
 
 DEFAULT = "default"  # presets/schedulers/default.msgpack: the generalist
+
+def checked_file(cfg, backend_cfg) -> tuple:
+    """`(path, Trained)` of the file `scheduler.path` names (else the shipped default),
+    refused in one line when it is missing or does not fit this run (`check_fits`): a
+    run checks it before it writes anything."""
+    path = Path(cfg.path) if cfg.path else preset_path(DEFAULT)
+    if not path.is_file():
+        raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
+    trained = load(path)
+    check_fits(trained, path, backend_cfg, cfg)
+    return path, trained
+
 
 def check_fits(trained: Trained, path, backend_cfg, cfg) -> None:
     """Refuse, in one line naming the file, a scheduler this run cannot use: one whose

@@ -1,13 +1,14 @@
 """The named parts a run is built from, checked before the run writes anything: the env
 suite that has `env.id` (and a built-in recurrent network's fit to it), the env wrapper,
 the network and the loss, and for a shard trainer a plugin backend or scheduler, each
-with its options. A bad one is a `ConfigError` naming its key."""
+with its options (the learned scheduler: its file). A bad one is a `ConfigError` naming its key."""
 from __future__ import annotations
 
 from jaxrl_dist.backends import BACKENDS
 from jaxrl_dist.config import Config, check_recurrent
 from jaxrl_dist.core.ppo import check_plugins
 from jaxrl_dist.envs import check_wrapper, resolve_suite
+from jaxrl_dist.scheduling.learned import checked_file
 from jaxrl_dist.scheduling.schedulers import SCHEDULERS
 
 
@@ -20,3 +21,5 @@ def check_parts(config: Config) -> None:
     if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler
         BACKENDS.check(config.backend.name, config.backend.options, "backend.options")
         SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
+        if config.scheduler.name == "learned":  # its file, and the shard range it was trained for
+            checked_file(config.scheduler, config.backend)
