@@ -533,6 +533,9 @@ TRACED = ("algo.lr", "algo.max_grad_norm", "algo.ent_coef", "algo.vf_coef", "alg
 HOST = ("run.dir", "run.resume", "run.compile_cache", "run.progress", "run.objective", "run.tensorboard",
         "run.profile_dir", "run.checkpoint_every_s", "logger")
 MEMBER = ("seed", "num_seeds")
+# the `run` keys a resumed run takes from its caller (they cannot change results); every
+# other key comes from the config saved in its directory
+RESUMED = ("progress", "compile_cache")
 
 
 def key_kind(key: str) -> str:

@@ -32,8 +32,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
                                     presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, distributed_config,
-                               from_job, needs, require, to_dict)
+from jaxrl_dist.config import (RESUMED, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
+                               distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_now
@@ -47,7 +47,7 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
 # the keys a resumed run reads from the command line (`trainer.distributed.*`: `launch` sets them)
-RESUMED_KEYS = ("run.resume", "run.progress", "run.compile_cache", "run.dir", "trainer.distributed")
+RESUMED_KEYS = ("run.resume", "run.dir", "trainer.distributed", *(f"run.{key}" for key in RESUMED))
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
 # this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
 _state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
@@ -87,11 +87,12 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
 def _check_resumed(config: Config, keys: Sequence[str]) -> None:
     """A resumed run trains the config saved in its directory: a key set beside
     `run.resume` that it would not read is an error naming it, not silently dropped."""
+    taken = " and ".join(f"run.{key}" for key in RESUMED)
     for key in keys:
         if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMED_KEYS):
             continue
         raise ConfigError(f"{key}: run.resume={config.run.resume} continues with the config saved in that "
-                          "directory; drop the key (a resumed run takes only run.progress and run.compile_cache)")
+                          f"directory; drop the key (a resumed run takes only {taken})")
     require(not config.run.dir or Path(config.run.dir).resolve() == Path(config.run.resume).resolve(),
             f"run.dir={config.run.dir}: a resumed run stays in its own directory (run.resume={config.run.resume})")
 

@@ -16,7 +16,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, to_dict, without_secrets
+from jaxrl_dist.config import RESUMED, Config, ConfigError, to_dict, without_secrets
 from jaxrl_dist.platform import cpu_model
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
@@ -184,8 +184,8 @@ def check_usable(run_dir, key: str = "run.dir") -> None:
 def prepare_run(cfg: Config, run_dir=None) -> tuple:
     """Resolve the run directory and, for `run.resume`, the saved config.
 
-    A resumed run takes its directory's `config.yaml`; only `run.progress` and
-    `run.compile_cache` (which cannot change results) come from `cfg`. A fresh run's
+    A resumed run takes its directory's `config.yaml`; only the `run` keys of
+    `config.RESUMED` (which cannot change results) come from `cfg`. A fresh run's
     config is saved there (`config.yaml`), by the first process of a multi-process run.
     With `run.compile_cache`, JAX's persistent compile cache is on from here, for a job
     alone and for each job of a group alike. Returns `(cfg, run_dir, resuming)`.
@@ -196,7 +196,7 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
         saved = checkpoint.load_run_config(run_dir)
         check_usable(run_dir, "run.resume")
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
-                                  progress=cfg.run.progress, compile_cache=cfg.run.compile_cache)
+                                  **{key: getattr(cfg.run, key) for key in RESUMED})
         cfg = dataclasses.replace(saved, run=run)
     else:
         run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
