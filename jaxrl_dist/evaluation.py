@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, derive, needs, resolve_auto
+from jaxrl_dist.config import Config, ConfigError, derive, needs, require, resolve_auto
 from jaxrl_dist.core import normalize
 from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, mask_logits
 from jaxrl_dist.core.networks import step as step_policy
@@ -87,13 +87,12 @@ def saved_state(cfg: Config, run_dir) -> tuple:
     trainer's own state type (`RunnerState` for fused, `ShardState` for sync and async),
     on one device: a data-parallel run's state was saved sharded over devices this
     process may not have."""
-    if not saved_steps(run_dir):  # before orbax starts its threads, which a quick exit would cut short
-        raise ConfigError(f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}")
+    none = f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}"
+    require(bool(saved_steps(run_dir)), none)  # before orbax starts its threads, which a quick exit would cut short
     ckpt = Checkpointer(Path(run_dir), read_only=True)
     try:
         step = ckpt.latest_step()
-        if step is None:
-            raise ConfigError(f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}")
+        require(step is not None, none)  # a step directory orbax does not count
         if cfg.trainer.name == "fused":
             env = env_of(cfg.env, cfg.env.num_envs * cfg.num_seeds, cfg.seed)
             template = fused_template(cfg, env)
