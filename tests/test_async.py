@@ -15,6 +15,7 @@ from jaxrl_dist.scheduling import cost
 from jaxrl_dist.scheduling.balance import balance
 from jaxrl_dist.core import ppo
 from jaxrl_dist.config import ConfigError, CostConfig, from_dict
+from jaxrl_dist.trainers.checkpoint import saved_steps
 from jaxrl_dist.trainers.runner import train
 
 ENVS, STEPS, K = 4, 32, 4
@@ -109,7 +110,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
-    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    steps = saved_steps(run_dir)
     assert steps and steps[-1] < 20, steps  # killed before the end
     out = subprocess.run(command() + ["train", f"run.resume={run_dir}", "run.progress=false"],
                          capture_output=True, text=True, timeout=300)

@@ -34,10 +34,7 @@ def cli_env() -> dict:
     return dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
 
 
-def finished_steps(run_dir: Path) -> list:
-    """Committed checkpoint steps (orbax renames a step's tmp dir to `<step>` when done)."""
-    ckpt = run_dir / "checkpoints"
-    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) if ckpt.is_dir() else []
+finished_steps = checkpoint.saved_steps  # committed steps (orbax renames a step's tmp dir when done)
 
 
 def start_and_kill(run_dir: Path, timeout: float = 240) -> int:

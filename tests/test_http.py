@@ -23,6 +23,7 @@ from test_phases import assert_phases_add_up
 from jaxrl_dist.backends import shard, wire
 from jaxrl_dist.config import from_dict
 from jaxrl_dist.core.networks import init_params
+from jaxrl_dist.trainers.checkpoint import saved_steps
 from serving import TOKEN, Server, free_port
 
 AUTH = {"authorization": f"Bearer {TOKEN}", "content-type": "application/msgpack"}
@@ -325,7 +326,7 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     assert proc.returncode == 3, err
     line = err.strip().splitlines()[-1]
     assert line.startswith("error: shard slot") and f"run.resume={run_dir}" in line
-    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    steps = saved_steps(run_dir)
     assert steps and steps[-1] >= 4 and steps[-1] % 2 == 0 and steps[-1] < 100
 
     live = Server(port=port)

@@ -15,6 +15,7 @@ import pytest
 
 from test_cli import CACHE_HOME, command
 
+from jaxrl_dist.trainers.checkpoint import saved_steps
 from jaxrl_dist.trainers.interrupt import acknowledgement
 
 
@@ -50,7 +51,7 @@ def interrupted(tmp_path, trainer: str, extra: list, unit: str) -> tuple:
     assert lines[1].startswith(f"interrupted at {unit} ")
     assert lines[1].endswith(f"continue with jaxrl-dist train run.resume={run}")
     step = int(lines[1].split()[3].rstrip(";"))
-    saved = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    saved = saved_steps(run)
     assert saved and saved[-1] == step > 0
     assert not (run / "summary.json").exists()
     return run, step
@@ -129,6 +130,6 @@ def test_ctrl_c_on_a_vmap_sweep_leaves_each_job_what_a_job_writes(tmp_path):
     assert out.returncode == 130, out.stderr[-2000:]
     assert "interrupted: each job of group 1/1 saved a checkpoint" in out.stderr
     for job in (sweep / "0", sweep / "1"):
-        assert [p for p in (job / "checkpoints").iterdir() if p.name.isdigit()]
+        assert saved_steps(job)
         assert (job / ".hydra" / "config.yaml").is_file() and (job / "train.log").is_file()
         assert "interrupted in a group; continue with run.resume=" in (job / "train.log").read_text()
