@@ -78,6 +78,44 @@ def test_optuna_sweeps_a_few_trials_on_the_final_return(tmp_path):
     assert "alembic" not in said and "\x1b[" not in said and "A new study created" in said
 
 
+def test_a_failed_optuna_trial_stays_failed_and_the_study_goes_on():
+    """A NaN objective (no episode ended, or a failed job) is a failed trial; the sweeper
+    tells Optuna so with the NaN still attached, which Optuna refused, ending the study."""
+    optuna = pytest.importorskip("optuna")
+    from jaxrl_dist.cli.train import _set_up_optuna
+
+    _set_up_optuna()
+    _set_up_optuna()  # once is enough: the second call wraps nothing again
+    study = optuna.create_study(direction="maximize")
+    failed, done = study.ask(), study.ask()
+    with pytest.raises(ValueError):
+        study.tell(trial=failed, state=optuna.trial.TrialState.COMPLETE, values=[float("nan")])
+    study.tell(trial=failed, state=optuna.trial.TrialState.FAIL, values=[float("nan")])  # the sweeper's retry
+    study.tell(trial=done, state=optuna.trial.TrialState.COMPLETE, values=[1.5])
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"] and study.best_value == 1.5
+
+
+@pytest.mark.slow  # two trials compile two programs (~14 s)
+def test_an_optuna_study_with_no_completed_trial_is_one_line(tmp_path):
+    out = run_cli("train", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "trainer=fused", "env=acrobot",
+                  "algo.lr=interval(1e-4,1e-2)", "algo.total_timesteps=512", f"run.dir={tmp_path / 's'}",
+                  "run.progress=false")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: hydra/sweeper=optuna: no trial completed")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["hydra/sweeper=optuna", "hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials must be a positive integer, got 0"),
+    (["hydra/sweeper=optuna", "hydra.sweeper.n_jobs=-1"], "hydra.sweeper.n_jobs must be a positive integer, got -1"),
+    (["hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0: joblib takes a positive count"),
+])
+def test_a_bad_sweeper_or_launcher_count_is_one_line_before_any_job(tmp_path, args, line):
+    pytest.importorskip("optuna")
+    out = run_cli("train", "-m", *args, "seed=1,2", f"run.dir={tmp_path / 's'}", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().startswith(f"error: {line}"), out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "s").exists()
+
+
 @pytest.mark.slow
 def test_the_ray_launcher_runs_jobs_on_a_loopback_runtime(tmp_path):
     sweep = tmp_path / "ray"

@@ -132,6 +132,17 @@ def _check_sweep(config, overrides: Sequence[str]) -> None:
                 raise ConfigError(hydra_message(err)) from None
 
 
+def _check_sweeper(config) -> None:
+    """The launcher's and sweeper's counts that their plugins take unchecked and then fail
+    on deep inside (a traceback, or a study with nothing in it)."""
+    for key in ("hydra.sweeper.n_trials", "hydra.sweeper.n_jobs"):  # the Optuna sweeper's
+        value = OmegaConf.select(config, key)
+        require(value is None or (isinstance(value, int) and value >= 1),
+                f"{key} must be a positive integer, got {value!r}")
+    jobs = OmegaConf.select(config, "hydra.launcher.n_jobs")  # joblib's: N, or -N for all cores but N-1
+    require(jobs != 0, "hydra.launcher.n_jobs=0: joblib takes a positive count (-1: every core)")
+
+
 def _exit_on_error(check):
     """A callback's check that ends the process with the one line and exit 2: Hydra turns
     a callback's exceptions into warnings, and lets SystemExit through."""
@@ -158,6 +169,7 @@ class Check(Callback):
 
     @_exit_on_error
     def on_multirun_start(self, config) -> None:
+        _check_sweeper(config)
         _check_sweep(config, list(config.hydra.overrides.task))
         _state["sweeps"].append(Path(config.hydra.sweep.dir))
         status.stop()
@@ -316,13 +328,29 @@ def yaml_value(text: str):
     return OmegaConf.from_dotlist([f"v={text}"]).v
 
 
-def _quiet_optuna() -> None:
+def _set_up_optuna() -> None:
     """Optuna's messages through the logging Hydra set up (plain lines), not Optuna's own
-    handler, which writes colour codes even into a file."""
+    handler, which writes colour codes even into a file; and a failed trial kept failed.
+    The sweeper (hydra-optuna-sweeper 1.3.0) tells Optuna a trial it refused (a NaN
+    objective: no episode ended, or the job failed) again as failed, with the same
+    values, which Optuna refuses too, ending the whole study; a failed or pruned trial's
+    values are dropped here, as the sweeper's own later fix does."""
     optuna = needs("optuna", "sweep", "hydra/sweeper=optuna")  # the Optuna sweeper's own dependency
 
     optuna.logging.disable_default_handler()
     optuna.logging.enable_propagation()
+    tell = optuna.study.Study.tell
+    if getattr(tell, "drops_failed_values", False):
+        return
+    ended = (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+
+    def told(self, *args, **kwargs):
+        if kwargs.get("state") in ended:
+            kwargs["values"] = None
+        return tell(self, *args, **kwargs)
+
+    told.drops_failed_values = True
+    optuna.study.Study.tell = told
 
 
 def _absl_keeps_its_stream() -> None:
@@ -338,7 +366,7 @@ def _hydra(argv: Sequence[str]) -> int:
     """Run the Hydra app on `argv`; the exit code (Hydra's errors re-raised to be one line)."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own report
     if "hydra/sweeper=optuna" in argv:
-        _quiet_optuna()
+        _set_up_optuna()
     _state.update(checked=None, failed=[], sweeps=[], launched=False)
     store_schemas()
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
@@ -350,12 +378,23 @@ def _hydra(argv: Sequence[str]) -> int:
         app()
     except SystemExit as exit_:  # argparse's usage errors (it printed them), a failed check's exit 2
         return exit_.code if isinstance(exit_.code, int) else 1
+    except ValueError as err:  # Optuna's study asked for its best trial where none completed
+        if "No trials are completed yet" not in str(err):
+            raise
+        print("error: hydra/sweeper=optuna: no trial completed (each job's line above says why; a run "
+              "in which no episode ended has no objective), so there is no best trial", file=sys.stderr)
+        return (_failures() or [1])[0]
     finally:  # Hydra set up logging for the run; a caller in this process gets its own back
         sys.argv = saved
         root.handlers[:], root.level = handlers, level
-    failures = [int(f.read_text().split(" ", 1)[0]) for d in _state["sweeps"]
-                for f in sorted(d.glob(f"**/{FAILED_FILE}"))] if _state["sweeps"] else _state["failed"]
-    return failures[0] if failures else 0
+    return (_failures() or [0])[0]
+
+
+def _failures() -> list:
+    """The exit codes of this process's failed jobs (a multirun's, from their run dirs)."""
+    if not _state["sweeps"]:
+        return _state["failed"]
+    return [int(f.read_text().split(" ", 1)[0]) for d in _state["sweeps"] for f in sorted(d.glob(f"**/{FAILED_FILE}"))]
 
 
 def main(argv: Sequence[str]) -> int:
