@@ -113,7 +113,6 @@ MAX_FUNCTION_LINES = 50
 
 def test_no_function_over_50_lines():
     """Short functions (the design's rule): a longer one is split where its steps are."""
-
     long = [f"{mod}.{fn.name}: {fn.end_lineno - fn.lineno + 1} lines" for mod, path in MODS.items()
             for fn in ast.walk(ast.parse(path.read_text()))
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES]
