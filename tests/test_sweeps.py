@@ -218,6 +218,18 @@ def test_report_groups_a_sweep_by_its_overrides_and_aggregates_seeds(lr_sweep):
     assert all(re.search(r"\| -?[\d.]+ \[-?[\d.]+, -?[\d.]+\] \|", row) for row in rows)  # IQM [CI]
 
 
+def test_a_sweep_into_a_dir_that_holds_one_is_refused_before_it_writes(lr_sweep):
+    """A sweep numbers its jobs from 0: a second one in the same dir would write over the
+    first's `.hydra/`, `multirun.yaml` and job logs."""
+    kept = {p: p.read_bytes() for p in lr_sweep.rglob("*") if p.is_file()}
+    out = run_cli("train", "-m", *TINY, "seed=5,6", f"run.dir={lr_sweep}", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: run.dir: {lr_sweep} already holds a sweep (multirun.yaml, 0, 1, ...); pick another run.dir")
+    assert {p: p.read_bytes() for p in lr_sweep.rglob("*") if p.is_file()} == kept
+    out = run_cli("train", "-m", "seed=5,6", f"run.dir={lr_sweep / 'sweep.md' / 'x'}", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: run.dir: cannot write a run in ")
+
+
 def test_a_fused_run_has_a_wall_clock_for_the_report(lr_sweep):
     from jaxrl_dist.tools.report import load_run, wall_clock
 

@@ -132,6 +132,21 @@ def _check_sweep(config, overrides: Sequence[str]) -> None:
                 raise ConfigError(hydra_message(err)) from None
 
 
+def _check_sweep_dir(config, overrides: Sequence[str]) -> None:
+    """The sweep dir can be written, and holds no sweep yet: a sweep numbers its jobs from
+    0, so each job of an earlier sweep there would have its `.hydra/` and job log written
+    over (before the job itself refused the dir)."""
+    from jaxrl_dist.trainers.rundir import check_usable  # imports JAX, as the jobs will
+
+    sweep = Path(str(config.hydra.sweep.dir))
+    key = "run.dir" if "run.dir" in override_keys(overrides) else "hydra.sweep.dir"
+    held = (["multirun.yaml"] if (sweep / "multirun.yaml").is_file() else []) + sorted(
+        p.parent.name for p in sweep.glob("*/.hydra"))
+    require(not held, f"{key}: {sweep} already holds a sweep ({', '.join(held[:3])}{', ...' * (len(held) > 3)}); "
+            f"pick another {key}")
+    check_usable(sweep, key)
+
+
 def _check_sweeper(config) -> None:
     """The launcher's and sweeper's counts that their plugins take unchecked and then fail
     on deep inside (a traceback, or a study with nothing in it)."""
@@ -171,6 +186,7 @@ class Check(Callback):
     def on_multirun_start(self, config) -> None:
         _check_sweeper(config)
         _check_sweep(config, list(config.hydra.overrides.task))
+        _check_sweep_dir(config, list(config.hydra.overrides.task))
         _state["sweeps"].append(Path(config.hydra.sweep.dir))
         status.stop()
 
