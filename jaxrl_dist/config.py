@@ -82,7 +82,7 @@ class EnvConfig:
     wrapper_options: Dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
-        _positive("env", self, "num_envs")
+        _positive("env", self, "num_envs", "clip_obs", "clip_reward")
         for key in ("normalize_obs", "normalize_reward"):
             resolve_auto(getattr(self, key), f"env.{key}", False)
 
@@ -119,7 +119,11 @@ class AlgoConfig:
     action_mask: Any = "auto"
 
     def check(self) -> None:
-        _positive("algo", self, "total_timesteps", "num_steps", "update_epochs", "num_minibatches", "lr")
+        _positive("algo", self, "total_timesteps", "num_steps", "update_epochs", "num_minibatches", "lr",
+                  "clip_eps", "max_grad_norm", "adam_eps")
+        for key in ("lr", "clip_eps", "max_grad_norm", "adam_eps", "ent_coef", "vf_coef"):
+            value = getattr(self, key)  # a NaN or infinite coefficient trains to the end on NaN
+            require(math.isfinite(value) and value >= 0, f"algo.{key} must be a finite number >= 0, got {value}")
         _optional("algo", self, "minibatch_size", lambda v: isinstance(v, int) and v > 0, "a positive integer")
         require(self.name == "ppo", f"algo.name: only 'ppo' is available, got {self.name!r}")
         require(self.activation in ("tanh", "relu"), f"algo.activation must be tanh or relu, got {self.activation!r}")
@@ -582,6 +586,16 @@ class Config:
                 self.algo.check_sequences(self.backend.envs_per_shard, "backend.envs_per_shard")
         require(self.algo.total_timesteps >= batch,
                 f"algo.total_timesteps={self.algo.total_timesteps} is smaller than one batch ({batch})")
+        self._check_step_count()
+
+    def _check_step_count(self) -> None:
+        """The optimiser counts its gradient steps in int32: the run's must fit (a run of
+        that length would not end anyway; the error saves a deep overflow)."""
+        a = self.algo
+        batch = a.num_steps * (self.env.num_envs if self.trainer.name == "fused" else self.backend.envs_per_shard)
+        steps = -(-a.total_timesteps // (a.minibatch_size or max(batch // a.num_minibatches, 1))) * a.update_epochs
+        require(steps < 2 ** 31, f"algo.total_timesteps={a.total_timesteps:.3g} is too many: {steps:.3g} gradient "
+                "steps, more than the optimiser's int32 step count holds (2**31)")
 
     def _check_rounds(self) -> None:
         """The round trainers' keys (checked only when a shard backend is chosen)."""

@@ -168,6 +168,22 @@ def test_a_key_the_chosen_trainer_ignores_is_one_line(overrides, key):
         cli.load_config(overrides)
 
 
+@pytest.mark.parametrize("override, line", [
+    ("algo.clip_eps=nan", "algo.clip_eps must be positive, got nan"),
+    ("algo.clip_eps=-0.1", "algo.clip_eps must be positive"),
+    ("algo.lr=inf", "algo.lr must be a finite number >= 0, got inf"),
+    ("algo.max_grad_norm=-1", "algo.max_grad_norm must be positive"),
+    ("algo.vf_coef=-5", "algo.vf_coef must be a finite number >= 0"),
+    ("algo.ent_coef=nan", "algo.ent_coef must be a finite number >= 0"),
+    ("env.clip_obs=-1", "env.clip_obs must be positive"),
+    ("algo.total_timesteps=1e19", "algo.total_timesteps=1e+19 is too many: 3.12e+17 gradient steps"),
+])
+def test_a_coefficient_out_of_range_is_one_line(override, line):
+    """Values that would train to the end on NaN, or overflow deep inside, are refused."""
+    with pytest.raises(ConfigError, match=re.escape(line)):
+        cli.load_config(["trainer=fused", override])
+
+
 @pytest.mark.parametrize("preset", cli.presets())
 def test_every_preset_composes_to_a_valid_config(preset):
     cfg = from_dict(cli.compose([f"env={preset}"]))
