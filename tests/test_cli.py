@@ -99,6 +99,8 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("algo.minibatch_size=100", "algo.minibatch_size"),
     ("env=nosuch", "env preset 'nosuch'"),
     ("algo.lr=[", "algo.lr"),
+    ("run.objective=final_retrun", "run.objective: a trainer=sync summary has no number 'final_retrun' "
+                                   "(did you mean 'final_return'?)"),
 ])
 def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     run_dir = tmp_path / "run"

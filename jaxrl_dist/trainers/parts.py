@@ -1,7 +1,8 @@
 """The named parts a run is built from, checked before the run writes anything: the env
 suite that has `env.id` (and a built-in recurrent network's fit to it), the env wrapper,
 the network and the loss, and for a shard trainer a plugin backend or scheduler, each
-with its options (the learned scheduler: its file). A bad one is a `ConfigError` naming its key."""
+with its options (the learned scheduler: its file); and the summary number that
+`run.objective` names. A bad one is a `ConfigError` naming its key."""
 from __future__ import annotations
 
 from jaxrl_dist.backends import BACKENDS
@@ -10,9 +11,11 @@ from jaxrl_dist.core.ppo import check_plugins
 from jaxrl_dist.envs import check_wrapper, resolve_suite
 from jaxrl_dist.scheduling.learned import checked_file
 from jaxrl_dist.scheduling.schedulers import SCHEDULERS
+from jaxrl_dist.trainers.summary import check_objective
 
 
 def check_parts(config: Config) -> None:
+    check_objective(config.run.objective, config.trainer.name)
     suite = resolve_suite(config.env.id, config.env.suite)
     if config.algo.recurrent:  # a built-in recurrent network: refused before its env is made
         check_recurrent(config, suite)

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
+from jaxrl_dist.config import ConfigError, did_you_mean
+from jaxrl_dist.scheduling.cost import TIME_KEYS, USD_KEYS
 from jaxrl_dist.trainers.accounting import CostFigures, PhaseFigures
 
 
@@ -134,3 +137,29 @@ class RunSummary(Mapping):
 
     def __len__(self) -> int:
         return len(self._json)
+
+
+# each trainer's typed parts of the summary, beside the fields every trainer has
+_PARTS = {"fused": (FusedFigures,), "sync": (RoundFigures, CostFigures, PhaseFigures),
+          "async": (RoundFigures, CostFigures, PhaseFigures, AsyncFigures)}
+_NUMBER = (int, float, Optional[int], Optional[float])
+
+
+def number_keys(trainer: str) -> list:
+    """The summary keys a `trainer` run writes as numbers (what `run.objective` may name),
+    read from the summary's typed parts."""
+    keys = [k for k, t in typing.get_type_hints(RunSummary).items() if t in _NUMBER and k in _EVERY_TRAINER]
+    for part in _PARTS[trainer]:
+        keys += [k for k, t in typing.get_type_hints(part).items() if t in _NUMBER]
+    if CostFigures in _PARTS[trainer]:  # its components, by name
+        keys += [f"modeled_{k}" for k in TIME_KEYS] + list(USD_KEYS)
+    return keys + ["device_count"]
+
+
+def check_objective(key: str, trainer: str) -> None:
+    """`run.objective` names a number the run's summary will have: a misspelt one is an
+    error before training, not after it."""
+    keys = number_keys(trainer)
+    if key not in keys:
+        raise ConfigError(f"run.objective: a trainer={trainer} summary has no number '{key}'"
+                          f"{did_you_mean(key, keys)} (numbers: {', '.join(sorted(keys))})")
