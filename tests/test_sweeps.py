@@ -51,6 +51,18 @@ def test_a_2x2_sweep_runs_every_job_and_a_bad_one_fails_alone(tmp_path):
             assert "summary" in (run / "train.log").read_text()
     seeds = {yaml.safe_load((r / "config.yaml").read_text())["seed"] for r in runs if (r / "config.yaml").exists()}
     assert seeds == {1, 2}
+    from jaxrl_dist.tools.sweep_report import sweep_report
+
+    failed = ", ".join(f"{r.name} (failed)" for r in runs if (r / "FAILED").is_file())
+    assert f"jobs left out, with no records: {failed}" in sweep_report(sweep, tmp_path / "report")[2]
+
+
+def test_an_optuna_sweep_dir_is_a_sweep_for_the_report(tmp_path):
+    from jaxrl_dist.tools.sweep_report import is_sweep
+
+    (tmp_path / "0" / ".hydra").mkdir(parents=True)  # the Optuna sweeper writes no multirun.yaml
+    (tmp_path / "optimization_results.yaml").write_text("name: optuna\n")
+    assert is_sweep(tmp_path) and not is_sweep(tmp_path / "0")
 
 
 @pytest.mark.slow  # the default suite's multirun runs are the 2x2 sweep and the report's sweep

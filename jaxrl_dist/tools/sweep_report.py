@@ -1,9 +1,10 @@
 """`jaxrl-dist report MULTIRUN_DIR`: a sweep's jobs grouped by their overrides, seeds
 aggregated.
 
-A sweep directory is what `jaxrl-dist train -m` writes (`multirun.yaml` and one run
-directory per job). Jobs whose overrides differ only in `seed` (and `run.*`/`hydra.*`
-keys) form a group. Per env id (figure titles name it), with `rliable` for the
+A sweep directory is what `jaxrl-dist train -m` writes (`multirun.yaml`, but from the
+Optuna sweeper, and one run directory per job); a job with no records (failed, or
+stopped before its first) is left out, and a note names it. Jobs whose overrides
+differ only in `seed` (and `run.*`/`hydra.*` keys) form a group. Per env id (figure titles name it), with `rliable` for the
 final scores:
 
 - `sweep_return_vs_steps[_ENV].png`, `sweep_return_vs_wall_time[_ENV].png`: each
@@ -54,7 +55,10 @@ class Group(NamedTuple):
 
 
 def is_sweep(path) -> bool:
-    return (Path(path) / "multirun.yaml").is_file()
+    """A multirun's directory: `multirun.yaml`, or (the Optuna sweeper writes none) job
+    directories numbered from 0 that hold Hydra's `.hydra/`."""
+    path = Path(path)
+    return (path / "multirun.yaml").is_file() or (path / "0" / ".hydra").is_dir()
 
 
 def _job_overrides(run_dir: Path) -> list:
@@ -65,19 +69,28 @@ def _job_overrides(run_dir: Path) -> list:
     return [o for o in given or [] if not o.lstrip("+~").startswith(_IGNORED)]
 
 
-def load_sweep(path) -> list:
-    """The sweep's finished jobs as `Group`s (a failed job, with no records, is left out);
-    a group is named by the overrides in which its jobs differ from the others."""
-    path = Path(path)
+def _load_jobs(path: Path) -> tuple:
+    """`(loaded, left_out)`: each job with records as `(Run, its overrides)`, and the
+    names of the jobs without any (a failed job, one stopped before its first record)."""
     jobs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
-    loaded = []
+    loaded, left_out = [], []
     for job in jobs:
         try:
             loaded.append((load_run(job), frozenset(_job_overrides(job))))
         except ReportError:
-            continue
+            left_out.append(job.name + (" (failed)" if (job / "FAILED").is_file() else ""))
     if not loaded:
         raise ReportError(f"{path}: a sweep directory with no finished job")
+    return loaded, left_out
+
+
+def load_sweep(path) -> list:
+    """The sweep's jobs with records as `Group`s (a failed job, with none, is left out);
+    a group is named by the overrides in which its jobs differ from the others."""
+    return _grouped(_load_jobs(Path(path))[0])
+
+
+def _grouped(loaded: list) -> list:
     common = frozenset.intersection(*(given for _, given in loaded))
     groups: dict = {}
     for run, given in loaded:
@@ -295,12 +308,14 @@ def _env_figures(mine: list, env_id: str, tag: str, out_dir: Path, rng) -> tuple
 def sweep_report(path, out_dir=None) -> tuple:
     """Figures and `sweep.md` for the sweep at `path` (into `out_dir`, default `path`);
     `(table lines, written paths, notes)`; `sweep.md` holds the table, then the notes."""
-    groups = load_sweep(path)
+    loaded, left_out = _load_jobs(Path(path))
+    groups = _grouped(loaded)
     out_dir = Path(out_dir or path)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     envs = sorted({g.env_id for g in groups})
-    written, notes, iqms = [], [], {}
+    written, iqms = [], {}
+    notes = [f"jobs left out, with no records: {', '.join(left_out)}"] if left_out else []
     for env_id in envs:
         tag = "" if len(envs) == 1 else "_" + "".join(c if c.isalnum() else "_" for c in env_id)
         paths, said, iqm = _env_figures([g for g in groups if g.env_id == env_id], env_id, tag, out_dir, rng)
