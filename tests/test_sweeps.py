@@ -155,6 +155,28 @@ def test_hydra_run_dir_and_a_user_config_dir(tmp_path):
         out.stderr.strip()] and "unknown env preset 'acro'" in out.stderr
 
 
+def test_a_user_preset_in_print_config_and_a_broken_one(tmp_path):
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "acro.yaml").write_text("# @package _global_\nseed: 7\n")
+    (tmp_path / "env" / "broken.yaml").write_text("env:\n  id: [CartPole\n")
+    out = run_cli("train", "--config-dir", str(tmp_path), "env=acro", "--print-config", timeout=60)
+    assert out.returncode == 0 and "\nseed: 7\n" in out.stdout, out.stderr
+    out = run_cli("train", "--config-dir", str(tmp_path), "env=broken", f"run.dir={tmp_path / 'run'}", timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: {tmp_path / 'env' / 'broken.yaml'}:3:1: not readable YAML (expected ',' or ']', but got '<stream end>')")
+
+
+def test_a_report_read_by_a_pipe_that_closes_early_is_quiet(lr_sweep):
+    import subprocess
+    from test_cli import command
+
+    report = subprocess.Popen(command() + ["report", str(lr_sweep), "--out", str(lr_sweep.parent / "again")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    report.stdout.close()  # the reader leaves before the report prints (`| head`)
+    assert report.wait(timeout=180) == 1 and b"Traceback" not in report.stderr.read()
+    report.stderr.close()
+
+
 @pytest.mark.parametrize("args, want", [
     (["--help"], r"trainer: async, fused, sync"),
     (["--info"], r"Hydra 1\.3"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -78,6 +79,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling starts (JAX still loading)
         print("stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `jaxrl-dist report ... | head`: the reader left; nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
+        return 1
 
 
 if __name__ == "__main__":

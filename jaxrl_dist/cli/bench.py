@@ -45,6 +45,8 @@ def main(argv: Sequence[str]) -> int:
         data = benchmark.run_bench(opts, presets())
     except benchmark.BenchError as err:
         raise ConfigError(str(err)) from err
+    except OSError as err:  # --out: a place nothing can be written
+        raise ConfigError(f"--out {args.out}: cannot write {err.filename or ''} ({err.strerror or err})") from None
     print("\n" + benchmark.markdown(data))
     print("\n".join(f"wrote {p}" for p in data["written"]))
     return 1 if any(r["status"] == "failed" for r in data["cases"].values()) else 0

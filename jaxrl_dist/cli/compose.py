@@ -138,8 +138,16 @@ def unknown_preset(group: str, option: str, config_dirs: Sequence[str] = ()) -> 
             f"(choose from: {', '.join(choices)}){plugins}")
 
 
+# what composing a config raises for a user's bad input (a user's own YAML preset too)
+COMPOSE_ERRORS = (HydraException, OmegaConfBaseException, yaml.YAMLError)
+
+
 def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
     """One line for a Hydra/OmegaConf error, naming the key and the closest known name."""
+    if isinstance(err, yaml.YAMLError):  # a --config-dir preset's file
+        mark = getattr(err, "problem_mark", None)
+        where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark else "a config file"
+        return f"{where}: not readable YAML ({getattr(err, 'problem', None) or one_line(err)})"
     if isinstance(err, OverrideParseException):
         return f"bad override '{err.override}': {str(err).splitlines()[0]}"  # without the grammar link
     text, cause = one_line(err), err.__cause__ or err
@@ -177,7 +185,7 @@ def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="jaxrl-dist"):
             cfg = hydra_compose("config", overrides=normalise(task_preset(overrides)) + extra)
         return OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as err:
+    except COMPOSE_ERRORS as err:
         raise ConfigError(hydra_message(err, config_dirs)) from None
 
 

@@ -31,5 +31,7 @@ def main(argv: Sequence[str]) -> int:
             out += lines + [f"wrote {p}" for p in written] + notes
     except ReportError as err:
         raise ConfigError(str(err)) from err
+    except OSError as err:  # --out: a place nothing can be written
+        raise ConfigError(f"{err.filename}: {err.strerror or err}") from None
     print("\n".join(out))
     return 0

@@ -30,8 +30,8 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from jaxrl_dist.cli.compose import (CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line, override_keys,
-                                    presets, store_schemas, task_preset, unknown_preset)
+from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
+                                    override_keys, presets, store_schemas, task_preset, unknown_preset)
 from jaxrl_dist.config import (RESUMED, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
                                distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
@@ -416,12 +416,12 @@ def _failures() -> list:
 def main(argv: Sequence[str]) -> int:
     """`jaxrl-dist train ARGV`: Hydra's flags and KEY=VALUE overrides."""
     flags, users = split(argv)
-    if "--print-config" in flags:  # the composed config as the library takes it
-        print(OmegaConf.to_yaml(to_dict(load_config(users))), end="")
-        return 0
     multirun = "-m" in flags or "--multirun" in flags
     dirs = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-cd", "--config-dir")]
     _state["config_dirs"] = dirs
+    if "--print-config" in flags:  # the composed config as the library takes it
+        print(OmegaConf.to_yaml(to_dict(load_config(users, dirs))), end="")
+        return 0
     try:
         if any(f in _INFO_FLAGS for f in flags):
             _complete_after_train()
@@ -439,7 +439,7 @@ def main(argv: Sequence[str]) -> int:
             return _hydra(flags + overrides + _implied(overrides, multirun))
     except ConfigError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
-    except (HydraException, OmegaConfBaseException) as err:
+    except COMPOSE_ERRORS as err:
         print(f"error: {hydra_message(err, dirs)}", file=sys.stderr)
     return EXIT_CONFIG_ERROR
 
