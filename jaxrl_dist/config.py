@@ -660,11 +660,13 @@ def validate(cfg: Config) -> Config:
 # --- the typed merge, for library callers and saved runs ---------------------------------------
 
 
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
+def did_you_mean(word: str, choices: Sequence[str], cutoff: float = 0.8) -> str:
     """` (did you mean 'x'?)` for the closest of `choices`, else ''; case aside
-    (`env=CartPole` finds `cartpole`)."""
+    (`env=CartPole` finds `cartpole`). Short names (presets, commands, plugins) take a
+    lower `cutoff` (`backend=rya` finds `ray`); among long dotted keys it would find
+    keys that merely share their group (`algo.foo` -> `algo.loss`)."""
     lower = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=cutoff)
     return f" (did you mean '{lower[close[0]]}'?)" if close else ""
 
 

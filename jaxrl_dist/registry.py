@@ -60,7 +60,7 @@ class Registry:
             return _load(target) if isinstance(target, str) else target
         ep = self._plugins().get(name)
         if ep is None:
-            raise ConfigError(f"{self.key}: unknown {self.what} {name!r}{did_you_mean(name, self.names())} "
+            raise ConfigError(f"{self.key}: unknown {self.what} {name!r}{did_you_mean(name, self.names(), 0.6)} "
                               f"(registered: {', '.join(self.names())})")
         try:
             return ep.load()

@@ -89,6 +89,8 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("algo.lr=fast", "algo.lr: Value 'fast' of type 'str' could not be converted to Float"),
     ("env=cartpol", "unknown env preset 'cartpol' (did you mean 'cartpole'?)"),
     ("env=CartPole", "unknown env preset 'CartPole' (did you mean 'cartpole'?)"),
+    ("backend=rya", "unknown backend preset 'rya' (did you mean 'ray'?)"),
+    ("cost=azure", "unknown cost preset 'azure' (did you mean 'azure_aci'?)"),
     ("hydra/launcher=vmapp", "unknown hydra/launcher preset 'vmapp' (did you mean 'vmap'?)"),
     ("async.max_staleness=2", "the async trainer's keys are asynchronous.* now (use asynchronous.max_staleness)"),
     ("backend.num_cpus=1", "only backend=ray takes this key"),

@@ -65,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] in (["-sc"], ["--shell-completion"]):  # Hydra's completion script asks the program
         argv = ["train", *argv]
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
-        print(f"error: unknown command {argv[0]!r}{did_you_mean(argv[0], list(COMMANDS))}; "
+        print(f"error: unknown command {argv[0]!r}{did_you_mean(argv[0], list(COMMANDS), 0.6)}; "
               f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     if not argv or argv[0] not in COMMANDS:

@@ -134,7 +134,7 @@ def unknown_preset(group: str, option: str, config_dirs: Sequence[str] = ()) -> 
     """The one line for a preset `group` lacks, with the closest one and every choice."""
     choices = presets(group, config_dirs)
     plugins = f"; {SWEEP_EXTRA}" if group in ("hydra/launcher", "hydra/sweeper") else ""
-    return (f"unknown {group} preset '{option}'{did_you_mean(option, choices)} "
+    return (f"unknown {group} preset '{option}'{did_you_mean(option, choices, 0.6)} "
             f"(choose from: {', '.join(choices)}){plugins}")
 
 
