@@ -112,7 +112,7 @@ def saved_state(cfg: Config, run_dir) -> tuple:
 
 def latest_state(run_dir) -> tuple:
     """`saved_state` of a run directory, with the config it was started with."""
-    return saved_state(load_run_config(Path(run_dir)), run_dir)
+    return saved_state(load_run_config(Path(run_dir), "eval"), run_dir)
 
 
 def merge_moments(mean, var, count) -> RunningMoments:
@@ -165,7 +165,7 @@ def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Pol
     the action bounds); else a sample (pass `key`). See the module doc for which
     observation statistics are applied.
     """
-    cfg = load_run_config(Path(run_dir))
+    cfg = load_run_config(Path(run_dir), "eval")
     env = env_of(cfg.env, 1, cfg.seed)
     spec = env.spec
     a = cfg.algo
@@ -286,7 +286,7 @@ class EvalResult(NamedTuple):
 def evaluate(run_dir, opts) -> dict:
     """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`); writes
     and returns `RUN_DIR/eval.json`."""
-    saved = load_run_config(Path(run_dir))
+    saved = load_run_config(Path(run_dir), "eval")
     if saved.trainer.name == "fused" and not 0 <= opts.seed_index < saved.num_seeds:  # named as typed
         raise ConfigError(f"eval.seed_index: {opts.seed_index} is not one of the run's {saved.num_seeds} seeds")
     policy = load_policy(run_dir, opts.deterministic, opts.seed_index)

@@ -208,9 +208,14 @@ def test_shell_completion_completes_after_train():
     assert out.stdout.split() == ["env=cartpole", "env=cartpole_po"], out.stderr
 
 
-def test_a_sweep_without_multirun_is_one_line():
-    out = run_cli("train", "seed=1,2", timeout=60)
-    assert out.returncode == 2 and out.stderr.strip() == "error: seed=1,2: a sweep; run it with -m (multirun)"
+@pytest.mark.parametrize("args, line", [
+    (["seed=1,2"], "seed=1,2: a sweep; run it with -m (multirun)"),
+    (["-m", "run.dir=a,b"], "run.dir=a,b: a sweep of run.dir; a sweep's jobs each get a directory of their own"),
+    (["-m", "algo.lr=interval(1e-4,1e-2)"], "algo.lr=interval(1e-4,1e-2): interval() is for a sampling sweeper"),
+])
+def test_a_sweep_hydra_would_refuse_in_its_own_words_is_one_line(args, line):
+    out = run_cli("train", *args, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().startswith(f"error: {line}"), out.stderr
 
 
 def test_a_bad_key_in_a_sweep_fails_before_any_job(tmp_path):

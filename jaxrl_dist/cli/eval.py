@@ -33,7 +33,7 @@ def main(argv: Sequence[str]) -> int:
                                      "one episode in each of eval.episodes envs side by side, and write the mean, "
                                      "std and per-episode returns and lengths to RUN_DIR/eval.json.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (config.yaml, checkpoints/)")
-    parser.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE", help="eval options")
+    parser.add_argument("overrides", nargs="*", default=[], metavar="eval.KEY=VALUE", help="eval options")
     args = parser.parse_args(argv)
     opts = eval_options(args.overrides)
     if not (Path(args.run_dir) / "config.yaml").is_file():

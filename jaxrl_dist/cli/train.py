@@ -426,10 +426,7 @@ def main(argv: Sequence[str]) -> int:
         if any(f in _INFO_FLAGS for f in flags):
             _complete_after_train()
             return _hydra(flags + users)
-        if not multirun:
-            sweep = next((o for o in users if _is_sweep(o)), None)
-            if sweep:
-                raise ConfigError(f"{sweep}: a sweep; run it with -m (multirun)")
+        _check_sweep_overrides(users, multirun)
         if "backend.token" in override_keys(users):
             raise ConfigError("backend.token: a token is not taken on the command line (it would be saved "
                               "in .hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH")
@@ -442,6 +439,19 @@ def main(argv: Sequence[str]) -> int:
     except COMPOSE_ERRORS as err:
         print(f"error: {hydra_message(err, dirs)}", file=sys.stderr)
     return EXIT_CONFIG_ERROR
+
+
+def _check_sweep_overrides(users: Sequence[str], multirun: bool) -> None:
+    """What Hydra would only refuse deep inside, or in its own words: a sweep without -m,
+    a sweep of the run's own directory, an interval for the basic sweeper."""
+    basic = not any(o.startswith("hydra/sweeper=") for o in users)
+    for o in filter(_is_sweep, users):
+        key = override_keys([o])[0]
+        require(multirun, f"{o}: a sweep; run it with -m (multirun)")
+        require(key not in ("run.dir", "run.resume"), f"{o}: a sweep of {key}; a sweep's jobs each get a "
+                "directory of their own under one run.dir (a job resumes alone, without -m)")
+        require(not (basic and "interval(" in o), f"{o}: interval() is for a sampling sweeper "
+                "(hydra/sweeper=optuna); the basic sweeper takes a,b,c, range() or choice()")
 
 
 def _is_sweep(override: str) -> bool:

@@ -299,26 +299,27 @@ def resume_runner(restored: RunnerState, fresh: RunnerState, spec) -> RunnerStat
     return restored._replace(actor=actor)
 
 
-def load_run_config(run_dir: Path) -> Config:
-    """The config a run directory was started with; `ConfigError` naming `run.resume`
-    and the file if it is absent or damaged (not YAML, not a mapping, unknown keys)."""
+def load_run_config(run_dir: Path, key: str = "run.resume") -> Config:
+    """The config a run directory was started with; `ConfigError` naming `key` (what
+    read the dir: `run.resume`, `eval`) and the file if it is absent or damaged (not
+    YAML, not a mapping, unknown keys)."""
     import yaml
 
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
-        raise ConfigError(f"run.resume: no {CONFIG_FILE} in {run_dir}")
+        raise ConfigError(f"{key}: no {CONFIG_FILE} in {run_dir}")
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"run.resume: {path} is not readable YAML ({_yaml_reason(err)})") from None
+        raise ConfigError(f"{key}: {path} is not readable YAML ({_yaml_reason(err)})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"run.resume: {path} is not a mapping of config keys "
+        raise ConfigError(f"{key}: {path} is not a mapping of config keys "
                           f"(it holds a {type(data).__name__})")
     try:
         data = _saved_before_the_schemas(data)
         return from_dict(data)
     except (TypeError, ValueError) as err:  # ConfigError, or a value no check foresaw
-        raise ConfigError(f"run.resume: {path}: {' '.join(str(err).split())}") from None
+        raise ConfigError(f"{key}: {path}: {' '.join(str(err).split())}") from None
 
 
 def _saved_before_the_schemas(data: dict) -> dict:
