@@ -355,7 +355,7 @@ def test_a_state_packed_ahead_is_used_only_while_the_table_is_the_same():
     changed (a round wrote it) the round packs the current state instead."""
     import jax
 
-    from jaxrl_dist.backends import SlotTable, capabilities, shard, wire
+    from jaxrl_dist.backends import OneSlot, SlotTable, capabilities, shard, wire
 
     assert capabilities(RayBackend).prepares
     spec = shard.spec_from_config(config({"name": "ray"}), "gymnax", False)
@@ -371,6 +371,8 @@ def test_a_state_packed_ahead_is_used_only_while_the_table_is_the_same():
     fresh = backend._actor_state(0, table)
     assert not isinstance(fresh, wire.Packed) and wire.pack_actor(fresh) == wire.pack_actor(states[1])
     assert backend._actor_state(0, None) is None  # sticky specs send no state
+    one = OneSlot(states[1])  # the async trainer's one-shard table: nothing packed ahead
+    assert backend._actor_state(1, one) is states[1]
 
 
 @pytest.mark.parametrize("key, value", [("num_cpus", -1.0), ("memory_mb", 0), ("memory_mb", "abc")])

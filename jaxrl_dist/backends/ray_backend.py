@@ -413,8 +413,8 @@ class RayBackend:
         """Slot `slot`'s state for its request: packed ahead (`prepare`) when still current."""
         if table is None:
             return None
-        data, packed = self._ahead.pop(slot, (None, None))
-        return packed if data is table.data else table.get(slot)
+        data, packed = self._ahead.pop(slot, (None, None))  # a one-shard table (async) has no `data`
+        return packed if packed is not None and data is getattr(table, "data", None) else table.get(slot)
 
     def run_round(self, round_: int, params, tasks: List[ShardTask],
                   table: Optional[SlotTable]) -> RoundResult:
