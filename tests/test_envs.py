@@ -398,3 +398,17 @@ def test_network_small_gymnax_images_see_the_observation():
     assert not np.allclose(out.value[0], out.value[1]), (
         f"torso={net.torso!r} ignores the observation: "
         f"{jax.tree.map(lambda x: x.shape, params)}")
+
+
+def test_a_suite_plugin_that_fails_to_import_troubles_only_ids_no_other_suite_has(monkeypatch):
+    """`env.suite=auto` tries the built-in suites first, one at a time: a broken plugin
+    suite must not stop a gymnax id."""
+    from jaxrl_dist.envs import SUITES, EnvMakeError, resolve_suite
+
+    from importlib.metadata import EntryPoint
+
+    broken = EntryPoint("zz_broken", "jaxrl_dist_no_such_module:Suite", "jaxrl_dist.env_suites")
+    monkeypatch.setattr(SUITES, "_plugins", lambda: {"zz_broken": broken})
+    assert resolve_suite("CartPole-v1") == "gymnax"
+    with pytest.raises(EnvMakeError, match="zz_broken"):
+        resolve_suite("NoSuchEnv-v0")

@@ -49,10 +49,11 @@ def resolve_suite(env_id: str, suite: str = "auto") -> str:
         if not found.has(env_id):
             raise EnvMakeError(f"unknown env.id {env_id!r}{_closest(env_id, [found])}: {suite} has no such environment")
         return suite
-    installed = [s for s in map(_suite, _order()) if s.installed()]
-    for name, found in zip(_order(), map(_suite, _order())):
-        if found in installed and found.has(env_id):
+    for name in _order():  # one at a time: a plugin that fails to import troubles only ids no other suite has
+        found = _suite(name)
+        if found.installed() and found.has(env_id):
             return name
+    installed = [s for s in map(_suite, _order()) if s.installed()]
     closest = _closest(env_id, installed)
     if not _suite("envpool").installed():
         raise EnvMakeError(f"unknown env.id {env_id!r}{closest}: not a gymnax id, and envpool ids need "
