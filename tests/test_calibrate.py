@@ -166,3 +166,34 @@ def test_fit_line_keeps_both_terms_non_negative():
     assert calibrate.fit_line(x, 3 * x - 0.3)[0] == 0.0  # through the origin instead
     assert calibrate.fit_line(x, np.array([3.0, 2.9, 2.8])) == pytest.approx((2.9, 0.0))
     assert calibrate.batch_sizes(6) == [1, 2, 4, 6] and calibrate.batch_sizes(2) == [1, 2]
+
+
+def test_a_file_of_the_wrong_kind_or_place_is_one_line(tmp_path):
+    """A profile given as a scheduler file, a scheduler file as a profile, and an output
+    path that is a directory are refused naming the path, before any work."""
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.tools.files import writable_file
+
+    (tmp_path / "p.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"p\.json: not a scheduler file"):
+        learned.load(tmp_path / "p.json")
+    with pytest.raises(ConfigError, match=r"not JSON \(a binary file\)"):
+        prof.load_profile(learned.preset_path(learned.DEFAULT))
+    with pytest.raises(ConfigError, match="--out .*: a directory"):
+        writable_file(tmp_path, "--out")
+    assert writable_file(tmp_path / "new" / "p.json", "--out").parent.is_dir()
+
+
+def test_the_profile_describes_a_plugin_network_by_its_name():
+    """A plugin network has no `torso` (the built-in's mlp or cnn): the profile records
+    the `algo.network` it was measured with."""
+    from types import SimpleNamespace
+
+    from jaxrl_dist.config import Config
+
+    cfg = Config()
+    cfg.algo.network = "twotower"
+    trainer = SimpleNamespace(spec=SimpleNamespace(suite="gymnax"), program=SimpleNamespace(network=object()))
+    rounds = [SimpleNamespace(result=SimpleNamespace(shards=[0, 1]))]
+    meta = calibrate.describe(cfg, trainer, {}, rounds)
+    assert meta["task"]["network"] == "twotower" and meta["shards_per_round"] == 2

@@ -11,6 +11,7 @@ from jaxrl_dist.backends import BackendError
 from jaxrl_dist.cli.compose import compose, load_config
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling.profile import save_profile
+from jaxrl_dist.tools.files import writable_file
 
 EPILOG = """\
 backend=http without backend.urls starts `jaxrl-dist serve` on a loopback port for
@@ -37,7 +38,9 @@ def main(argv: Sequence[str]) -> int:
                         help="time the learner at 1, 2, 4, ... up to this many shards (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="timed learner calls per size (default 3)")
     args = parser.parse_args(argv)
-    backend = compose(args.overrides)["backend"]
+    composed = compose(args.overrides)
+    backend = composed["backend"]
+    out = writable_file(args.out or Path("profiles") / f"{composed['env']['id']}.json", "--out")
     serve = calibrate.LoopbackServe() if backend["name"] == "http" and not backend.get("urls") else None
     cfg = load_config(list(args.overrides) + (serve.overrides() if serve else []))
     opts = calibrate.Options(args.rounds, args.shards, args.learner_shards, args.repeats)
@@ -47,6 +50,6 @@ def main(argv: Sequence[str]) -> int:
     except BackendError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 3
-    out = save_profile(profile, args.out or Path("profiles") / f"{cfg.env.id}.json", meta)
+    out = save_profile(profile, out, meta)
     print("\n".join(calibrate.summary(profile, meta) + [f"wrote {out}"]))
     return 0

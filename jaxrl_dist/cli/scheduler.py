@@ -10,6 +10,7 @@ from jaxrl_dist.cli.compose import load_config
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling import learned, mdp, profile
+from jaxrl_dist.tools.files import writable_file
 
 
 def _span(text: str) -> tuple:
@@ -88,11 +89,15 @@ def _task(args, extra: list) -> tuple:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(argv)
+    writable_file(args.out, "--out")
     tasks = [_task(args, t.split()) for t in args.task or [""]]
     init_from = args.init_from or tasks[0][0].scheduler.init_from
     if init_from and not Path(init_from).is_file():
         raise ConfigError(f"scheduler.init_from: no such file {init_from}")
-    init = learned.load(init_from) if init_from else None
+    try:
+        init = learned.load(init_from) if init_from else None
+    except ConfigError as err:
+        raise ConfigError(f"scheduler.init_from: {err}") from None
     seen = scheduler_training.features_for(args.features, init)
     use_unrolled_threefry()
     envs = [mdp.SchedulingEnv(cfg, cfg.cost, opts._replace(features=seen), args.episodes) for cfg, opts in tasks]

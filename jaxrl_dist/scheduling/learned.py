@@ -39,10 +39,18 @@ def save(trained: Trained, path) -> Path:
     return path
 
 def load(path) -> Trained:
+    """The scheduler file at `path`; `ConfigError` naming it when it cannot be read or is
+    not one (a profile's JSON, say)."""
     from flax import serialization
 
-    data = serialization.msgpack_restore(Path(path).read_bytes())
-    return Trained(data["params"], json.loads(data["meta"]))
+    try:
+        data = serialization.msgpack_restore(Path(path).read_bytes())
+        return Trained(data["params"], json.loads(data["meta"]))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except Exception as err:  # msgpack's own errors, or a msgpack file of something else
+        raise ConfigError(f"{path}: not a scheduler file (`jaxrl-dist scheduler train` writes them; "
+                          f"{type(err).__name__})") from None
 
 def columns(trained: Trained) -> np.ndarray:
     """Where the features the scheduler was trained on sit in `FEATURES`, in its order."""
@@ -132,7 +140,10 @@ def checked_file(cfg, backend_cfg) -> tuple:
     path = Path(cfg.path) if cfg.path else preset_path(DEFAULT)
     if not path.is_file():
         raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
-    trained = load(path)
+    try:
+        trained = load(path)
+    except ConfigError as err:
+        raise ConfigError(f"scheduler.path: {err}") from None
     check_fits(trained, path, backend_cfg, cfg)
     return path, trained
 

@@ -51,6 +51,8 @@ def load_profile(path) -> Profile:
         raise ConfigError(f"profile {path}: cannot read it ({err.strerror or err})") from err
     except json.JSONDecodeError as err:
         raise ConfigError(f"profile {path}: not JSON ({err.msg} at line {err.lineno})") from err
+    except UnicodeDecodeError:  # a binary file (a scheduler's msgpack, say)
+        raise ConfigError(f"profile {path}: not JSON (a binary file)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"profile {path}: expected a JSON object of Profile fields")
     unknown = sorted(set(data) - set(Profile._fields) - {"meta"})

@@ -289,7 +289,8 @@ def describe(cfg: Config, trainer, before: dict, rounds: list) -> dict:
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "machine": {**before, "load_avg_1m_after": os.getloadavg()[0]},
             "jax_version": jax.__version__,
-            "task": {"envs_per_shard": cfg.backend.envs_per_shard, "network": trainer.program.network.torso,
+            "task": {"envs_per_shard": cfg.backend.envs_per_shard,  # a plugin network has no `torso`
+                     "network": getattr(trainer.program.network, "torso", cfg.algo.network),
                      "algo": dataclasses.asdict(cfg.algo)},
             "rounds": len(rounds), "shards_per_round": len(rounds[0].result.shards)}
 
