@@ -7,6 +7,7 @@ failure handling.
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -464,3 +465,24 @@ def test_busy_answers_are_retried_after_their_retry_after(tmp_path, local_digest
         busy.stop()
     assert summary["params_sha256"] == local_digest
     assert health["busy"] >= 1 and summary["retries"] >= health["busy"]
+
+
+def test_a_refused_token_says_where_the_token_goes(server, tmp_path):
+    """A 401 is final (another try cannot help) and its line says which keys hold the token."""
+    from jaxrl_dist.backends import BackendError, Job, ShardTask
+    from jaxrl_dist.backends.http import TOKEN_HINT, HttpBackend
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import shard_learner
+    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
+
+    cfg = tiny(tmp_path, [server.url], token="wrong", max_retries=2)
+    program = ShardProgram(spec_from_config(cfg, "gymnax", False))
+    params = init_train(shard_learner(cfg, program, 2.0), 0).params
+    backend = HttpBackend(cfg.backend)
+    backend.start(Job(program.spec, 0, "refused", program))
+    try:
+        keys, _ = round_keys(0, 0, np.arange(1))
+        with pytest.raises(BackendError, match=r"after 1 tries: .*HTTP 401 .*" + re.escape(f"({TOKEN_HINT})")):
+            backend.run_round(0, params, [ShardTask(0, keys[0])], None)
+    finally:
+        backend.close()

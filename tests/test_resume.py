@@ -179,7 +179,9 @@ def _bad_inputs(root: Path) -> list:
               # a misspelt plugin name, before a run dir is written
               ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)"),
               ([f"run.dir={root / 'learned'}", "trainer=sync", "scheduler=learned", "scheduler.max_shards=31"],
-               "scheduler.max_shards=31: the scheduler in ")]
+               "scheduler.max_shards=31: the scheduler in "),
+              ([f"run.dir={root / 'token'}", "trainer=sync", "backend=http", "backend.urls=[http://127.0.0.1:9]",
+                f"backend.token_file={root}"], f"backend.token_file: cannot read {root} (Is a directory)")]
     return cases
 
 

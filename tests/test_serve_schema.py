@@ -133,3 +133,20 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
     for port in (-1, 65536, 99999):  # uvicorn would bind 99999 as 34463
         with pytest.raises(ConfigError, match=rf"^serve\.port must be in 0\.\.65535 .*got {port}$"):
             ServeConfig(port=port).check()
+
+
+def test_serve_on_a_taken_port_is_one_line_before_it_starts():
+    """The address is tried before the worker starts: a taken port (or another machine's
+    address) is one line naming the keys, exit 2, not uvicorn's own line and exit 3."""
+    import socket
+    import subprocess
+
+    from test_cli import command
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = subprocess.run(command() + ["serve", "--port", str(port), "--token", "t"], capture_output=True,
+                             text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"error: serve.host/serve.port: cannot listen on 127.0.0.1:{port} (Address already in use); "
+        "pick another --port (or --host)")

@@ -29,11 +29,12 @@ from typing import Optional
 from jaxrl_dist.backends import (BackendError, Capabilities, RoundStats, Job, RoundResult, ShardInfo, bucket,
                                  stack_outputs)
 from jaxrl_dist.backends import wire
-from jaxrl_dist.config import needs
+from jaxrl_dist.config import ConfigError, needs
 from jaxrl_dist.backends.retry import Failure, GaveUp, RetryPolicy, retry_after_s
 
 TOKEN_ENV = "JAXRL_DIST_TOKEN"
 FINAL_CODES = (400, 401, 413, 422)  # the request itself is wrong: another try cannot help
+TOKEN_HINT = f"the instances' token goes in ${TOKEN_ENV} or backend.token_file"
 
 
 def bearer_token(cfg) -> Optional[str]:
@@ -41,11 +42,18 @@ def bearer_token(cfg) -> Optional[str]:
     if cfg.token is not None:
         return cfg.token
     if cfg.token_file:
-        path = Path(cfg.token_file).expanduser()
-        if not path.is_file():
-            raise BackendError(f"backend.token_file: no such file {cfg.token_file}")
-        return path.read_text().strip()
+        return read_token_file(cfg.token_file)
     return os.environ.get(TOKEN_ENV)
+
+
+def read_token_file(name: str) -> str:
+    """The token in file `name`; `ConfigError` naming `backend.token_file` (a run checks
+    it before it writes anything)."""
+    try:
+        return Path(name).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or "not a text file"
+        raise ConfigError(f"backend.token_file: cannot read {name} ({why})") from None
 
 
 class HttpBackend:
@@ -120,7 +128,8 @@ class HttpBackend:
             raise Failure(f"{url}: {type(err).__name__} {err}".strip()) from err
         if resp.status_code == 200:  # httpx has inflated a deflated response already
             return resp.content, url, resp.num_bytes_downloaded
-        raise Failure(f"{url}: HTTP {resp.status_code} {resp.text[:200]}",
+        hint = f" ({TOKEN_HINT})" if resp.status_code == 401 else ""
+        raise Failure(f"{url}: HTTP {resp.status_code} {resp.text[:200]}{hint}",
                       retryable=resp.status_code not in FINAL_CODES, retry_after_s=retry_after_s(resp))
 
     async def _round(self, bodies: list, slots: list, round_: int = 0):

@@ -1,11 +1,12 @@
 """The named parts a run is built from, checked before the run writes anything: the env
 suite that has `env.id` (and a built-in recurrent network's fit to it), the env wrapper,
 the network and the loss, and for a shard trainer a plugin backend or scheduler, each
-with its options (the learned scheduler: its file); and the summary number that
-`run.objective` names. A bad one is a `ConfigError` naming its key."""
+with its options (the learned scheduler: its file; the http backend: its token file);
+and the summary number that `run.objective` names. A bad one is a `ConfigError` naming its key."""
 from __future__ import annotations
 
 from jaxrl_dist.backends import BACKENDS
+from jaxrl_dist.backends.http import read_token_file
 from jaxrl_dist.config import Config, check_recurrent
 from jaxrl_dist.core.ppo import check_plugins
 from jaxrl_dist.envs import check_wrapper, resolve_suite
@@ -26,3 +27,5 @@ def check_parts(config: Config) -> None:
         SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
         if config.scheduler.name == "learned":  # its file, and the shard range it was trained for
             checked_file(config.scheduler, config.backend)
+        if getattr(config.backend, "token_file", None):  # the http backend's
+            read_token_file(config.backend.token_file)
