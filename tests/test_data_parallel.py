@@ -121,6 +121,15 @@ def _children(pid: int) -> list:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def test_launch_checks_the_config_once_before_it_starts_a_process(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "trainer=fused",
+                          "algo.network=nope", f"run.dir={tmp_path / 'run'}"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: algo.network: unknown network 'nope' (registered: auto, cnn, gru, lstm, mlp)"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_launch_stops_the_others_when_a_process_dies(tmp_path):
     """A killed process ends the run with one line; no process is left waiting for it."""
     cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",

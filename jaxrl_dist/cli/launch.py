@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
+from jaxrl_dist.cli.compose import load_config
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.serve.local import free_port
+from jaxrl_dist.trainers.parts import check_parts
 from jaxrl_dist.trainers.rundir import check_fresh, check_usable, default_run_dir
 
 POLL_S = 0.2
@@ -122,7 +124,8 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
     if any(o.split("=", 1)[0].startswith("trainer.distributed.") for o in overrides):
         raise ConfigError("trainer.distributed.*: jaxrl-dist launch sets these for each process")
     run_dir = Path(_given(overrides, "run.resume") or _given(overrides, "run.dir") or default_run_dir()).resolve()
-    if not _given(overrides, "run.resume"):
+    if not _given(overrides, "run.resume"):  # the config once here, not once a process (and one line)
+        check_parts(load_config(overrides))
         check_usable(run_dir)
         check_fresh(run_dir)
     coordinator = coordinator or f"127.0.0.1:{free_port()}"
