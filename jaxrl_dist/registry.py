@@ -71,9 +71,14 @@ class Registry:
 
     def check(self, name: str, given: Mapping, key: str) -> None:
         """A plugin's name and its options (`key`), checked before a run writes anything;
-        a built-in is taken as named (its keys are its schema's, already checked)."""
+        a built-in is taken as named (its keys are its schema's, already checked), and
+        options given to it are an error: only a plugin reads them."""
         if name not in self._builtin:
             options(self.get(name), given, key)
+        elif given:
+            group = self.key.rpartition(".")[0]
+            raise ConfigError(f"{key}.{sorted(given)[0]}: {group}={name} is built in and takes no {key}; "
+                              f"its keys are {group}.* (jaxrl-dist train --print-config {group}={name})")
 
 
 def _load(target: str) -> Any:
@@ -89,7 +94,7 @@ def options(target: Any, given: Mapping, key: str) -> Any:
     given = dict(given or {})
     if cls is None:
         if given:
-            raise ConfigError(f"{key}.{sorted(given)[0]}: this plugin takes no options")
+            raise ConfigError(f"{key}.{sorted(given)[0]}: {getattr(target, '__name__', 'it')} takes no options")
         return None
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(given) - set(names))

@@ -101,6 +101,8 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("algo.minibatch_size=100", "algo.minibatch_size"),
     ("env=nosuch", "env preset 'nosuch'"),
     ("algo.lr=[", "algo.lr"),
+    ("algo.loss_options=5", "error: algo.loss_options: Cannot assign int"),
+    ("backend.options.x=1", "backend.options.x: backend=local is built in and takes no backend.options"),
     ("run.objective=final_retrun", "run.objective: a trainer=sync summary has no number 'final_retrun' "
                                    "(did you mean 'final_return'?)"),
 ])

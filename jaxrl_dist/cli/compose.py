@@ -155,7 +155,7 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
     match = match or re.search(r"Error merging override (\S+?)=", text)
     if match:
         if isinstance(cause, OmegaConfBaseException):
-            cause.full_key = match.group(1)  # the key as the user wrote it (OmegaConf's may be a prefix)
+            cause.full_key = match.group(1).lstrip("+~")  # as the user wrote it (OmegaConf's may be a prefix)
         return omegaconf_message(cause, _known_near(cause)) if isinstance(cause, OmegaConfBaseException) else text
     match = re.search(r"Could not (?:find|load) '((?:hydra/)?[^/']+)/([^']+)'", text)
     if match:
