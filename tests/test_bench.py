@@ -42,10 +42,11 @@ def test_bench_writes_json_markdown_png_with_the_device(quick_cartpole):
     assert fig["total_env_steps"] == 8192 and fig["num_seeds"] == 1 and fig["sps_steady"] > 0
     assert (out / "runs" / "cartpole_1" / "summary.json").is_file()
     md = (out / "bench.md").read_text()
-    assert "| cartpole_1 | ok |" in md and "PureJaxRL" in md and data["machine"]["cpu_model"] in md
+    assert "| cartpole_1 | ok |" in md and data["machine"]["cpu_model"] in md
+    assert "PureJaxRL" not in md and "Not at --quick sizes" in md  # smoke runs beside full published runs mislead
     png = (out / "bench_sps.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and (out / "bench_time.png").stat().st_size > 1000
-    assert "Against published figures" in proc.stdout  # the comparison table is printed too
+    assert "Against published figures" in proc.stdout  # the comparison's section is printed too
 
 
 @pytest.mark.slow  # needs the quick CartPole run above
@@ -95,6 +96,14 @@ def test_chunk_rates_and_time_to_score_from_records():
     fig = benchmark.figures(killed)
     assert fig["total_env_steps"] == 800 and fig["train_seconds"] == 5.0 and fig["sps_steady"] == 400.0
     assert fig["best_return"] == -5.0 and fig["num_seeds"] == 2
+
+
+def test_published_figures_sit_beside_full_size_runs_only():
+    data = {"machine": {"platform": "cpu", "device_count": 2, "device_kind": "cpu", "cpu_model": "Some CPU",
+                        "cpu_count": 2}, "elapsed_s": 10.0, "budget_s": 90.0, "cases": {}}
+    full, quick = benchmark.markdown(data), benchmark.markdown({**data, "quick": True})
+    assert "PureJaxRL" in full and "Not at --quick sizes" not in full
+    assert "PureJaxRL" not in quick and "Not at --quick sizes" in quick
 
 
 def test_resume_keeps_what_was_measured_and_reruns_the_rest():
