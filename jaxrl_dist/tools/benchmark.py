@@ -516,7 +516,10 @@ def _load_previous(opts: Options, machine: dict) -> dict:
 def _device(machine: dict) -> str:
     if "error" in machine:
         return machine["error"]
-    return f"{machine.get('platform')} x{machine.get('device_count')} ({machine.get('device_kind')})"
+    kind = machine.get("device_kind")
+    if machine.get("platform") == "cpu":  # XLA calls every CPU "cpu": the figures name the host's model
+        kind = f"{machine.get('cpu_model') or kind}, {machine.get('cpu_count')} cores"
+    return f"{machine.get('platform')} x{machine.get('device_count')} ({kind})"
 
 
 def _num(x, digits: int = 3) -> str:
