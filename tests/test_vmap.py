@@ -72,6 +72,8 @@ def test_the_plan_groups_by_shaping_keys_in_chunks_of_whole_jobs(tmp_path):
     groups, alone = plan(base + [other, rounds], max_members=4)
     assert groups == [[0, 1], [2, 3], [4]]
     assert alone[5] == "alone in its group" and "trainer=sync" in alone[6]
+    resumed = dataclasses.replace(rounds, run=dataclasses.replace(rounds.run, resume=str(tmp_path)))
+    assert plan([resumed], 4)[1] == {0: "run.resume continues one run"}  # not its composed trainer's reason
 
 
 def test_a_sweep_with_the_vmap_launcher(tmp_path):
@@ -110,6 +112,9 @@ def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
     _describe(cfgs[:3], *plan(cfgs[:3], 1024))  # a group of 2 jobs, and one alone
     assert capsys.readouterr().err.splitlines()[-1] == \
         "vmap: 3 jobs: 1 group(s) of 2 members, one program each, 1 on their own"
+    _describe(cfgs, *plan(cfgs, 1))  # each group over max_members=1: a program a job
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "vmap: 4 jobs: 2 group(s) in 4 program(s) of 1 members (hydra.launcher.max_members)"
     _describe([cfgs[0], None], *plan(cfgs[:1], 1024))  # no group at all: one alone, one that failed
     assert capsys.readouterr().err.splitlines()[-1] == "vmap: 2 jobs: 1 on their own, 1 failed their checks"
 

@@ -28,7 +28,7 @@ from jaxrl_dist.cli import train as train_cli
 from jaxrl_dist.cli.compose import one_line, override_keys
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
-from jaxrl_dist.trainers.group import differing, plan, train_group
+from jaxrl_dist.trainers.group import differing, plan, shaping, train_group
 from jaxrl_dist.trainers.interrupt import Interrupted, exit_now
 
 
@@ -139,7 +139,10 @@ def _describe(configs: list, groups: list, alone: dict) -> None:
              "train in different programs")
     sizes = sorted({sum(configs[i].num_seeds for i in g) for g in groups})
     members = "-".join(str(n) for n in sizes[::max(1, len(sizes) - 1)])  # "4", or "2-6" where they differ
-    parts = [f"{len(groups)} group(s) of {members} members, one program each"] if groups else []
+    shapes = len({shaping(configs[g[0]]) for g in groups})  # a group over max_members runs in several programs
+    parts = [f"{shapes} group(s) in {len(groups)} program(s) of {members} members (hydra.launcher.max_members)"
+             if shapes < len(groups) else f"{len(groups)} group(s) of {members} members, one program each"
+             ] if groups else []
     parts += [f"{len(alone)} on their own"] if alone else []
     parts += [f"{len(configs) - len(ok)} failed their checks"] if len(ok) < len(configs) else []
     _say(f"vmap: {len(configs)} jobs: {', '.join(parts)}")

@@ -41,10 +41,10 @@ def shaping(cfg: Config) -> tuple:
 
 def alone_because(cfg: Config) -> Optional[str]:
     """Why `cfg` runs as a job of its own rather than in a group (None: it can join one)."""
+    if cfg.run.resume:  # first: the config composed beside run.resume is not the run's own
+        return "run.resume continues one run"
     if cfg.trainer.name != "fused":
         return f"trainer={cfg.trainer.name} trains in rounds"
-    if cfg.run.resume:
-        return "run.resume continues one run"
     if str(cfg.trainer.devices) != "1" or cfg.trainer.distributed.num_processes > 1:
         return "a run over a device mesh or several processes"
     if resolve_suite(cfg.env.id, cfg.env.suite) == "envpool":
