@@ -258,7 +258,7 @@ class EventFile:
 # summary has, in this order; summary.json holds everything
 SUMMARY_ROWS = (
     ("trainer", "trainer"), ("env_id", "env"), ("final_return", "final return"),
-    ("total_env_steps", "env steps"), ("num_updates", "updates"), ("rounds", "rounds"),
+    ("total_env_steps", "env steps (all seeds)"), ("num_updates", "updates"), ("rounds", "rounds"),
     ("num_seeds", "seeds"), ("wall_seconds", "wall time (s)"), ("compile_seconds", "compile (s)"),
     ("startup_seconds", "start-up (s)"), ("train_seconds", "training (s)"),
     ("phase_seconds", "time by phase (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),
