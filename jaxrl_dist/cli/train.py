@@ -181,6 +181,9 @@ class Check(Callback):
         _check_run_dir(checked, config.hydra.run.dir)
         _state["checked"] = checked
         status.stop()  # the "checking the config" line main put up
+        if any(str(o).startswith("hydra/launcher=") for o in config.hydra.overrides.hydra):
+            print("note: a launcher runs the jobs of a multirun (-m); this single run trains as usual",
+                  file=sys.stderr, flush=True)
 
     @_exit_on_error
     def on_multirun_start(self, config) -> None:
