@@ -302,13 +302,14 @@ class RayBackend:
             # JAX warns about fork; Ray's fork is a subprocess's fork + exec
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
             if cfg.address:
+                warnings.filterwarnings("ignore", "Ray Client connection timed out", UserWarning)  # said below
                 try:
                     ray.init(address=cfg.address, logging_level="warning")
                 except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
-                    raise BackendError(
-                        f"ray: cannot join the cluster at {cfg.address}: {_one_line(err)} "
-                        "(a cluster with token auth needs RAY_AUTH_MODE=token and its token)"
-                    ) from err
+                    why = _one_line(err)
+                    auth = any(w in why.lower() for w in ("auth", "token", "unauthenticated", "permission"))
+                    hint = " (a cluster with token auth needs RAY_AUTH_MODE=token and its token)" if auth else ""
+                    raise BackendError(f"ray: cannot join the cluster at {cfg.address}: {why}{hint}") from err
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus - 1e-9))
