@@ -423,6 +423,10 @@ def main(argv: Sequence[str]) -> int:
     dirs = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-cd", "--config-dir")]
     _state["config_dirs"] = dirs
     if "--print-config" in flags:  # the composed config as the library takes it
+        if multirun:
+            print("error: --print-config prints one run's config: drop -m and the sweep (one value a key)",
+                  file=sys.stderr)
+            return EXIT_CONFIG_ERROR
         print(OmegaConf.to_yaml(to_dict(load_config(users, dirs))), end="")
         return 0
     try:
