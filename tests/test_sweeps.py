@@ -204,6 +204,10 @@ def test_shell_completion_completes_after_train():
     out = subprocess.run(command() + ["-sc", "query=bash"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split() == ["env=cartpole", "env=cartpole_po"], out.stderr
+    for line, words in (("jaxrl-dist tr", ["train"]), ("jaxrl-dist eval ru", [])):  # a subcommand; not Hydra's
+        env = dict(os.environ, COMP_LINE=line, COMP_POINT=str(len(line)))
+        out = subprocess.run(command() + ["-sc", "query=bash"], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.split() == words and not out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("args, line", [

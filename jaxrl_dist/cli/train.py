@@ -30,6 +30,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
                                     override_keys, presets, store_schemas, task_preset, unknown_preset)
 from jaxrl_dist.config import (RESUMED, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
@@ -431,7 +432,8 @@ def main(argv: Sequence[str]) -> int:
         return 0
     try:
         if any(f in _INFO_FLAGS for f in flags):
-            _complete_after_train()
+            if os.environ.get("COMP_LINE") and not _complete_after_train():
+                return 0  # a word Hydra does not complete: the shell's own (file names)
             return _hydra(flags + users)
         _check_sweep_overrides(users, multirun)
         if "backend.token" in override_keys(users):
@@ -468,13 +470,21 @@ def _is_sweep(override: str) -> bool:
         return False  # a grammar error: Hydra's own parse names it
 
 
-def _complete_after_train() -> None:
+def _complete_after_train() -> bool:
     """Hydra's completion script asks `jaxrl-dist -sc query=SHELL` about the whole line
-    (`$COMP_LINE`); the words it completes are those after `train`."""
+    (`$COMP_LINE`); the words it completes are those after `train`. The first word is
+    a subcommand (printed here); another subcommand's words are not Hydra's. Returns
+    whether Hydra is to complete the line."""
     line = os.environ.get("COMP_LINE", "")
     program, _, rest = line.partition(" ")
-    if rest.split(" ", 1)[0] == "train":
-        cut = len(line) - len(f"{program} {rest[len('train'):].lstrip(' ')}")
-        os.environ["COMP_LINE"] = line[:len(program) + 1] + line[len(program) + 1 + cut:]
-        point = int(os.environ.get("COMP_POINT", len(line)))
-        os.environ["COMP_POINT"] = str(max(0, point - cut))
+    words = line[:int(os.environ.get("COMP_POINT", len(line)))].split(" ")
+    if len(words) == 2:  # `jaxrl-dist tr<TAB>`
+        print(" ".join(c for c in COMMANDS if c.startswith(words[1])))
+        return False
+    if rest.split(" ", 1)[0] != "train":
+        return False
+    cut = len(line) - len(f"{program} {rest[len('train'):].lstrip(' ')}")
+    os.environ["COMP_LINE"] = line[:len(program) + 1] + line[len(program) + 1 + cut:]
+    point = int(os.environ.get("COMP_POINT", len(line)))
+    os.environ["COMP_POINT"] = str(max(0, point - cut))
+    return True
