@@ -435,7 +435,8 @@ def main(argv: Sequence[str]) -> int:
             if os.environ.get("COMP_LINE") and not _complete_after_train():
                 return 0  # a word Hydra does not complete: the shell's own (file names)
             return _hydra(flags + users)
-        _check_sweep_overrides(users, multirun)
+        chosen = dirs or any(o.startswith("hydra/sweeper=") for o in users)  # a sweeper, or a config dir's
+        _check_sweep_overrides(users, multirun, basic=not chosen)
         if "backend.token" in override_keys(users):
             raise ConfigError("backend.token: a token is not taken on the command line (it would be saved "
                               "in .hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH")
@@ -450,10 +451,10 @@ def main(argv: Sequence[str]) -> int:
     return EXIT_CONFIG_ERROR
 
 
-def _check_sweep_overrides(users: Sequence[str], multirun: bool) -> None:
+def _check_sweep_overrides(users: Sequence[str], multirun: bool, basic: bool) -> None:
     """What Hydra would only refuse deep inside, or in its own words: a sweep without -m,
-    a sweep of the run's own directory, an interval for the basic sweeper."""
-    basic = not any(o.startswith("hydra/sweeper=") for o in users)
+    a sweep of the run's own directory, an interval where the sweeper is the basic one
+    (`basic`: no sweeper chosen, and no config dir of the user's that may choose one)."""
     for o in filter(_is_sweep, users):
         key = override_keys([o])[0]
         require(multirun, f"{o}: a sweep; run it with -m (multirun)")

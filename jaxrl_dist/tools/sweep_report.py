@@ -4,8 +4,8 @@ aggregated.
 A sweep directory is what `jaxrl-dist train -m` writes (`multirun.yaml`, but from the
 Optuna sweeper, and one run directory per job); a job with no records (failed, or
 stopped before its first) is left out, and a note names it. Jobs whose overrides
-differ only in `seed` (and `run.*`/`hydra.*` keys) form a group. Per env id (figure titles name it), with `rliable` for the
-final scores:
+differ only in `seed` (and `run.*`/`hydra.*` keys) form a group. Per env id (figure
+titles name it), with `rliable` for the final scores:
 
 - `sweep_return_vs_steps[_ENV].png`, `sweep_return_vs_wall_time[_ENV].png`: each
   group's mean return over seeds on a common grid, with a 95% percentile-bootstrap
