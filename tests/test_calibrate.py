@@ -172,7 +172,7 @@ def test_a_file_of_the_wrong_kind_or_place_is_one_line(tmp_path):
     """A profile given as a scheduler file, a scheduler file as a profile, and an output
     path that is a directory are refused naming the path, before any work."""
     from jaxrl_dist.config import ConfigError
-    from jaxrl_dist.tools.files import writable_file
+    from jaxrl_dist.trainers.rundir import writable_file
 
     (tmp_path / "p.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"p\.json: not a scheduler file"):

@@ -11,7 +11,7 @@ from jaxrl_dist.backends import BackendError
 from jaxrl_dist.cli.compose import compose, load_config
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling.profile import save_profile
-from jaxrl_dist.tools.files import writable_file
+from jaxrl_dist.trainers.rundir import writable_file
 
 EPILOG = """\
 backend=http without backend.urls starts `jaxrl-dist serve` on a loopback port for

@@ -10,7 +10,7 @@ from jaxrl_dist.cli.compose import load_config
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling import learned, mdp, profile
-from jaxrl_dist.tools.files import writable_file
+from jaxrl_dist.trainers.rundir import writable_file
 
 
 def _span(text: str) -> tuple:

@@ -1,16 +1,13 @@
 """The file helpers the tools and the benchmarks (`bench/`) share, written once: JSON out
 (`write_json`), a markdown table (`markdown_table`) and the records of a JSONL file in
 (`read_jsonl`, with the one rule for a cut-off last line: the run logger's own, which a
-resumed run reads its history with), and an output file checked before it is made
-(`writable_file`)."""
+resumed run reads its history with)."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from jaxrl_dist.config import ConfigError
 from jaxrl_dist.trainers.logger import read_jsonl
 
 
@@ -20,21 +17,6 @@ def _plain(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return float(value)
-
-
-def writable_file(path, flag: str) -> Path:
-    """`path`, checked to be a file this process can write (its folder made), before the
-    work whose result goes there; `ConfigError` naming `flag` and the path otherwise."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path}: a directory; give a file's path")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as err:
-        raise ConfigError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
-    return path
 
 
 def write_json(path, data) -> Path:

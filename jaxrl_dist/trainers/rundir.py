@@ -164,21 +164,40 @@ def check_fresh(run_dir) -> None:
                           f"run.resume={run_dir} or pick another run.dir")
 
 
+def _make_writable_dir(path: Path) -> None:
+    """Make directory `path` and write a temporary file in it (writable, not only there);
+    `OSError` where either cannot be done."""
+    import tempfile
+
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+        pass
+
+
 def check_usable(run_dir, key: str = "run.dir") -> None:
     """`ConfigError` naming `key` and the path when `run_dir` cannot hold a run: a file,
     a path under a file, or a place where a directory or a file cannot be made.
     Makes the directory (the run would, a moment later)."""
-    import tempfile
-
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{key}: {path} is a file, not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):  # writable, not only there
-            pass
+        _make_writable_dir(path)
     except OSError as err:
         raise ConfigError(f"{key}: cannot write a run in {path} ({err.strerror or err})") from None
+
+
+def writable_file(path, flag: str) -> Path:
+    """`path`, checked to be a file this process can write (its folder made), before the
+    work whose result goes there; `ConfigError` naming `flag` and the path otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: a directory; give a file's path")
+    try:
+        _make_writable_dir(path.parent)
+    except OSError as err:
+        raise ConfigError(f"{flag} {path}: cannot write there ({err.strerror or err})") from None
+    return path
 
 
 def prepare_run(cfg: Config, run_dir=None) -> tuple:
