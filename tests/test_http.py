@@ -239,6 +239,22 @@ def tiny(run_dir, urls, **backend):
     })
 
 
+def started_backend(cfg, run_id: str, suite: str = "gymnax") -> tuple:
+    """`(backend, params)`: an http backend started on `cfg`'s shard program, and the
+    initial params of that program's learner."""
+    from jaxrl_dist.backends import Job
+    from jaxrl_dist.backends.http import HttpBackend
+    from jaxrl_dist.backends.shard import ShardProgram, spec_from_config
+    from jaxrl_dist.core.learner import init_train
+    from jaxrl_dist.trainers.rounds import shard_learner
+
+    program = ShardProgram(spec_from_config(cfg, suite, False))
+    params = init_train(shard_learner(cfg, program, 2.0), 0).params
+    backend = HttpBackend(cfg.backend)
+    backend.start(Job(program.spec, 0, run_id, program))
+    return backend, params
+
+
 @pytest.fixture(scope="module")
 def local_digest(tmp_path_factory):
     from jaxrl_dist.trainers.runner import train
@@ -351,13 +367,10 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
     """envpool keeps a slot's envs on the instance that runs it: slot s goes to
     endpoint s % 2. Same params as the local backend; when an instance dies its
     slot moves to the other one, which resets that slot's envs and says so."""
-    from jaxrl_dist.backends import Job, ShardTask
-    from jaxrl_dist.backends.http import HttpBackend
+    from jaxrl_dist.backends import ShardTask
     from jaxrl_dist.cli.compose import load_config
-    from jaxrl_dist.core.learner import init_train
-    from jaxrl_dist.trainers.rounds import shard_learner
     from jaxrl_dist.trainers.runner import train
-    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.backends.shard import round_keys
 
     a, b = Server(), Server()
     try:
@@ -372,10 +385,7 @@ def test_envpool_slots_stick_to_their_instance_and_a_lost_one_resets(tmp_path):
 
         cfg = load_config(["backend=http", f"backend.urls=[{a.url},{b.url}]", f"backend.token={TOKEN}",
                            "backend.shard_timeout=10"] + over)
-        program = ShardProgram(spec_from_config(cfg, "envpool", False))
-        params = init_train(shard_learner(cfg, program, 2.0), 0).params
-        backend = HttpBackend(cfg.backend)
-        backend.start(Job(program.spec, 0, "sticky", program))
+        backend, params = started_backend(cfg, "sticky", "envpool")
         try:
             for r in range(3):
                 if r == 2:
@@ -398,18 +408,12 @@ def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
     """Slot 0 fails at once (nothing listens), slot 1 hangs until its timeout:
     the round raises only after both are done, so no request is left running
     to report its own error after the run has stopped."""
-    from jaxrl_dist.backends import BackendError, Job, ShardTask
-    from jaxrl_dist.backends.http import HttpBackend
-    from jaxrl_dist.core.learner import init_train
-    from jaxrl_dist.trainers.rounds import shard_learner
-    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.backends import BackendError, ShardTask
+    from jaxrl_dist.backends.shard import round_keys
 
     hung = SilentServer()
     cfg = tiny(tmp_path, [f"http://127.0.0.1:{free_port()}", hung.url], shard_timeout=1.5, max_retries=0)
-    program = ShardProgram(spec_from_config(cfg, "gymnax", False))
-    params = init_train(shard_learner(cfg, program, 2.0), 0).params
-    backend = HttpBackend(cfg.backend)
-    backend.start(Job(program.spec, 0, "failed", program))
+    backend, params = started_backend(cfg, "failed")
     try:
         keys, _ = round_keys(0, 0, np.arange(2))
         t0 = time.time()
@@ -469,17 +473,12 @@ def test_busy_answers_are_retried_after_their_retry_after(tmp_path, local_digest
 
 def test_a_refused_token_says_where_the_token_goes(server, tmp_path):
     """A 401 is final (another try cannot help) and its line says which keys hold the token."""
-    from jaxrl_dist.backends import BackendError, Job, ShardTask
-    from jaxrl_dist.backends.http import TOKEN_HINT, HttpBackend
-    from jaxrl_dist.core.learner import init_train
-    from jaxrl_dist.trainers.rounds import shard_learner
-    from jaxrl_dist.backends.shard import ShardProgram, round_keys, spec_from_config
+    from jaxrl_dist.backends import BackendError, ShardTask
+    from jaxrl_dist.backends.http import TOKEN_HINT
+    from jaxrl_dist.backends.shard import round_keys
 
     cfg = tiny(tmp_path, [server.url], token="wrong", max_retries=2)
-    program = ShardProgram(spec_from_config(cfg, "gymnax", False))
-    params = init_train(shard_learner(cfg, program, 2.0), 0).params
-    backend = HttpBackend(cfg.backend)
-    backend.start(Job(program.spec, 0, "refused", program))
+    backend, params = started_backend(cfg, "refused")
     try:
         keys, _ = round_keys(0, 0, np.arange(1))
         with pytest.raises(BackendError, match=r"after 1 tries: .*HTTP 401 .*" + re.escape(f"({TOKEN_HINT})")):
