@@ -47,10 +47,13 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _positive(prefix: str, obj, *keys: str) -> None:
+def _positive(prefix: str, obj, *keys: str, zero: Optional[str] = None) -> None:
+    """Each key is a number above 0; with `zero` ("" or what 0 means) 0 is taken too. NaN never is."""
     for key in keys:
         value = getattr(obj, key)
-        require(_is_number(value) and value > 0, f"{prefix}.{key} must be positive, got {value!r}")
+        ok = _is_number(value) and (value > 0 if zero is None else value >= 0)
+        what = "positive" if zero is None else f">= 0 ({zero})" if zero else ">= 0"
+        require(ok, f"{prefix}.{key} must be {what}, got {value!r}")
 
 
 def _optional(prefix: str, obj, key: str, ok, what: str) -> None:
@@ -187,9 +190,7 @@ class RunConfig:
 
     def check(self) -> None:
         _positive("run", self, "log_chunks", "target_episodes")
-        require(self.checkpoint_every >= 0, f"run.checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        require(self.checkpoint_every_s >= 0,  # NaN too
-                f"run.checkpoint_every_s must be >= 0 (0: off), got {self.checkpoint_every_s}")
+        _positive("run", self, "checkpoint_every", "checkpoint_every_s", zero="0: off")
         _optional("run", self, "target_return", math.isfinite, "a number")
         _optional("run", self, "budget_usd", lambda v: v > 0, "a positive number")
         _optional("run", self, "deadline_s", lambda v: v > 0, "a positive number of seconds")
@@ -211,8 +212,7 @@ class LoggerConfig:
     wandb_per_chunk: int = 4
 
     def check(self) -> None:
-        require(self.wandb_per_chunk >= 0,
-                f"logger.wandb_per_chunk must be >= 0 (0: every record), got {self.wandb_per_chunk}")
+        _positive("logger", self, "wandb_per_chunk", zero="0: every record")
         require(self.wandb_mode in (None, "online", "offline", "disabled"),
                 f"logger.wandb_mode: {self.wandb_mode!r} is not online, offline, disabled or null")
 
@@ -257,8 +257,7 @@ class BackendConfig:
 
     def check(self) -> None:
         _positive("backend", self, "max_shards", "envs_per_shard", "shard_timeout", "slow_every")
-        for key in ("max_retries", "retry_backoff_s", "retry_backoff_max_s"):
-            require(getattr(self, key) >= 0, f"backend.{key} must be >= 0, got {getattr(self, key)}")
+        _positive("backend", self, "max_retries", "retry_backoff_s", "retry_backoff_max_s", zero="")
         require(self.slowdown >= 1.0, f"backend.slowdown must be >= 1 (a factor), got {self.slowdown}")
 
 
@@ -274,7 +273,7 @@ class RayBackendConfig(BackendConfig):
 
     def check(self) -> None:
         super().check()
-        require(self.num_cpus >= 0, f"backend.num_cpus must be >= 0 (fractions allowed), got {self.num_cpus}")
+        _positive("backend", self, "num_cpus", zero="fractions allowed")
         _optional("backend", self, "memory_mb", lambda v: 0 < v < math.inf, "a positive number of MB")
 
 
@@ -417,9 +416,7 @@ class CostConfig:
 
     def check(self) -> None:
         require(self.kind in ("serverless", "cluster"), f"cost.kind must be serverless or cluster, got {self.kind!r}")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            require(not _is_number(value) or value >= 0, f"cost.{f.name} must be >= 0, got {value}")
+        _positive("cost", self, *(f.name for f in dataclasses.fields(self) if _is_number(getattr(self, f.name))), zero="")
         _positive("cost", self, "transfer_bytes_per_s")
         require(self.kind != "cluster" or self.cluster_nodes >= 1,
                 f"cost.cluster_nodes: a cluster needs at least one node, got {self.cluster_nodes}")
@@ -441,7 +438,7 @@ class AsyncConfig:
     c_bar: float = 1.0  # V-trace truncation of the trace coefficients
 
     def check(self, max_shards: int) -> None:
-        require(self.max_staleness >= 0, f"asynchronous.max_staleness must be >= 0, got {self.max_staleness}")
+        _positive("asynchronous", self, "max_staleness", zero="")
         _positive("asynchronous", self, "batch_chunks", "min_actors", "balance_every", "balance_tolerance",
                   "rho_bar", "c_bar")
         top = self.max_actors if self.max_actors is not None else max_shards
