@@ -333,6 +333,24 @@ def test_ray_cluster_on_two_loopback_nodes(two_nodes, local_summary, tmp_path, s
 # -- resources checked before the first round -----------------------------------
 
 
+def test_a_cluster_address_nothing_answers_at_is_one_line_at_once():
+    """`ray.init` would retry such an address for minutes; the probe names it in one line."""
+    from jaxrl_dist.backends.ray_backend import check_reachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        check_reachable(f"127.0.0.1:{port}")
+        check_reachable(f"ray://127.0.0.1:{port}")
+    check_reachable("auto")  # Ray looks it up
+    with pytest.raises(BackendError) as err:
+        check_reachable(f"127.0.0.1:{port}")  # closed now
+    line = str(err.value)
+    assert line.startswith(f"ray: cannot join the cluster at 127.0.0.1:{port}: nothing answers") and "\n" not in line
+    assert "ray start --head" in line
+
+
 def test_a_cluster_too_small_is_one_line_naming_the_keys():
     """Node by node: an actor lives on one node, so 1.5 CPUs fit once on each 2-CPU node."""
     from jaxrl_dist.backends.ray_backend import ActorSize, resource_error

@@ -46,6 +46,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import socket
 import time
 import warnings
 from typing import List, NamedTuple, Optional
@@ -134,6 +135,19 @@ def on_this_host(address: Optional[str]) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name ("auto", a host name): its nodes may be anywhere
         return host == "localhost"
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """The cluster's head answers at `address` ("host:port", "ray://host:port"): where
+    nothing listens, `ray.init` retries for minutes before it gives up."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto": Ray looks the cluster up itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise BackendError(f"ray: cannot join the cluster at {address}: nothing answers at {host}:{port} "
+                           f"({err.strerror or type(err).__name__}): start its head node (`ray start --head`) or fix the address") from None
 
 
 def settle_jax() -> None:
@@ -303,6 +317,7 @@ class RayBackend:
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
             if cfg.address:
                 warnings.filterwarnings("ignore", "Ray Client connection timed out", UserWarning)  # said below
+                check_reachable(cfg.address)
                 try:
                     ray.init(address=cfg.address, logging_level="warning")
                 except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
