@@ -60,6 +60,7 @@ class Policy:
     step: int  # the checkpoint's update (fused) or round (sync, async) counter
     network: Any = None
     carry: Any = None  # recurrent: the hidden state of the last call's envs
+    key: Any = None  # a sampling policy's own stream, for calls without a key (split at each)
 
     @property
     def recurrent(self) -> bool:
@@ -71,12 +72,15 @@ class Policy:
 
     def __call__(self, obs, key=None, mask=None, reset=None):
         obs = jnp.asarray(obs)
+        require(obs.shape[1:] == tuple(self.spec.obs_shape), f"policy: observations of shape {tuple(obs.shape)}; "
+                f"this policy takes [N, {', '.join(map(str, self.spec.obs_shape))}] ({self.spec.env_id})")
         n = obs.shape[0]
         fresh = self.carry is None or jax.tree.leaves(self.carry)[0].shape[0] != n
         if self.recurrent and fresh:
             self.carry, reset = initial_carry(self.network, n), jnp.ones((n,), bool)
         reset = jnp.zeros((n,), bool) if reset is None else jnp.asarray(reset, bool)
-        key = jax.random.PRNGKey(0) if key is None else key
+        if key is None:  # a new sample each call, as with a key of the caller's
+            self.key, key = jax.random.split(jax.random.PRNGKey(0) if self.key is None else self.key)
         mask = None if mask is None else jnp.asarray(mask, bool)
         self.carry, action = self.act(self.params, self.carry, obs, key, mask, reset)
         return action
@@ -162,7 +166,8 @@ def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Pol
     """The run's latest policy as a `Policy`: `policy(obs[N, ...]) -> action[N, ...]`.
 
     `deterministic`: the most likely action (argmax, or the Gaussian mean clipped to
-    the action bounds); else a sample (pass `key`). See the module doc for which
+    the action bounds); else a sample: pass `key`, or the policy draws from its own
+    stream (seeded 0), a new sample each call. See the module doc for which
     observation statistics are applied.
     """
     cfg = load_run_config(Path(run_dir), "eval")

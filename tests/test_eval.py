@@ -79,6 +79,18 @@ def test_load_policy_acts_on_a_batch_of_observations(solved, caplog, capfd):
     actions = policy(jnp.zeros((5, 4)))
     assert actions.shape == (5,) and set(np.asarray(actions).tolist()) <= {0, 1}
     assert policy.obs_moments is None  # CartPole's run did not normalise observations
+    with pytest.raises(CliConfigError, match=r"observations of shape \(2, 5\); this policy takes \[N, 4\]"):
+        policy(jnp.zeros((2, 5)))
+
+
+def test_a_sampling_policy_without_a_key_draws_anew_each_call(solved):
+    """Without a key a sampled policy draws from its own stream; with one it is the key's."""
+    sampled = load_policy(solved, deterministic=False)
+    obs = jax.random.normal(jax.random.PRNGKey(0), (512, 4))  # states of all kinds, some of them unsure
+    draws = [np.asarray(sampled(obs)) for _ in range(3)]
+    assert not (np.array_equal(draws[0], draws[1]) and np.array_equal(draws[1], draws[2]))
+    key = jax.random.PRNGKey(7)
+    assert np.array_equal(sampled(obs, key), sampled(obs, key))
 
 
 def test_writing_a_video_starts_ffmpeg_without_a_fork_warning(tmp_path):
