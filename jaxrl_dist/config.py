@@ -560,9 +560,12 @@ class Config:
     seed: int = 0
     num_seeds: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self):  # what a library caller may write for short: `trainer="sync"`, lists for tuples
+        if isinstance(self.trainer, str):
+            self.trainer = TrainerConfig(name=self.trainer)
         self.backend = as_schema("backend", self.backend)
         self.scheduler = as_schema("scheduler", self.scheduler)
+        _tuples(self)
 
     def check(self) -> None:
         """Every part's own checks, then the ones across parts."""

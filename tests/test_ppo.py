@@ -628,3 +628,15 @@ def test_minibatch_size_runs_one_step_per_minibatch_of_real_samples(real):
         if steps == 0:
             jax.tree.map(np.testing.assert_array_equal, new.params, state.params)
         assert all(np.isfinite(float(v)) for v in metrics.values())
+
+
+def test_make_train_checks_its_config_and_the_env_size():
+    """The low-level entry checks what `train` checks, and that the env holds every seed's envs."""
+    from jaxrl_dist.config import ConfigError
+
+    cfg = Config(env=EnvConfig(num_envs=4), algo=AlgoConfig(total_timesteps=4096), num_seeds=3)
+    with pytest.raises(ConfigError, match=r"the env has 4 envs; the config's seeds need env.num_envs\*num_seeds=12"):
+        fused.make_train(cfg, make_env("CartPole-v1", 4))
+    bad = Config(algo=AlgoConfig(minibatch_size=100))
+    with pytest.raises(ConfigError, match="algo.minibatch_size=100 does not divide"):
+        fused.make_train(bad, make_env("CartPole-v1", 4))

@@ -27,3 +27,20 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2, commands  # the Quickstart's two commands
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines()
+
+
+def test_readme_one_file_experiment_registers_a_loss_and_trains(tmp_path, monkeypatch):
+    """The Extending section's registry example: a loss of the caller's, chosen by name."""
+    from jaxrl_dist.core.ppo import LOSSES
+
+    block = next(b for b in python_blocks() if "LOSSES.register" in b)
+    monkeypatch.chdir(tmp_path)  # the run goes to outputs/DATE/TIME
+    namespace = {}
+    try:
+        exec(compile(block, "README.md", "exec"), namespace)
+    finally:
+        LOSSES._builtin.pop("halved_entropy", None)
+    summary = namespace["summary"]
+    assert summary.env_steps == 20_000 // 512 * 512 and summary.final_return is not None
+    saved = (Path(summary.run_dir) / "config.yaml").read_text()
+    assert "loss: halved_entropy" in saved and Path(summary.run_dir).is_relative_to(tmp_path / "outputs")

@@ -228,7 +228,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
         launch_s = 0.0 if _state["launched"] else process_age_s()  # a multirun's first job only
         _state["launched"] = True
-        summary = train(config, None if config.run.resume else output_dir, launch_s=launch_s)
+        summary = train(config, None if config.run.resume else output_dir, launch_s=launch_s, checked=True)
     except ConfigError as err:
         raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk

@@ -17,7 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_dist.core import learner, mesh as meshes, ppo, rng
-from jaxrl_dist.config import Config, ConfigError, Derived, check_policy, derive, num_minibatches
+from jaxrl_dist.config import Config, ConfigError, Derived, check_policy, derive, num_minibatches, require, validate
 from jaxrl_dist.core.networks import is_recurrent, make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import RunnerState
@@ -201,6 +201,10 @@ def make_train(cfg: Config, env, unroll: int = 1, network=None, loss=None):
     update runs inside a single compiled program; a loop-free setup (CNN on
     CPU) calls its one-update program once per update instead.
     """
+    validate(cfg)
+    envs = cfg.env.num_envs * cfg.num_seeds
+    require(env.num_envs == envs, f"make_train: the env has {env.num_envs} envs; the config's seeds need "
+            f"env.num_envs*num_seeds={envs} (make_env(cfg.env.id, cfg.env.num_envs * cfg.num_seeds))")
     setup = make_setup(cfg, env.spec, unroll, network, loss)
     updates = setup.derived.num_updates
     chunk = make_train_chunk(setup, env, 1 if setup.loop_free else updates)

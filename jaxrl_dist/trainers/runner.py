@@ -27,10 +27,11 @@ from typing import Callable
 
 import jax
 
-from jaxrl_dist.config import Config
+from jaxrl_dist.config import Config, validate
 from jaxrl_dist.envs import env_of
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import AsyncTrainer
+from jaxrl_dist.trainers.parts import check_parts
 from jaxrl_dist.trainers.logger import NoLegalAction, chunk_records, final_returns, read_records, truncate_records
 from jaxrl_dist.trainers.rundir import (METRICS_FILE, compile_cache_dir, default_run_dir,
                                         enable_compile_cache, finish_run, open_logs, params_digest,
@@ -192,15 +193,21 @@ def summary_of(cfg, setup, runner, records, times: dict, start: int) -> RunSumma
                            processes=jax.process_count()))
 
 
-def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0) -> RunSummary:
+def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0, checked: bool = False) -> RunSummary:
     """Train `cfg` (or continue `cfg.run.resume`) and return the run summary.
 
     The run directory is `run_dir`, else `cfg.run.dir`, else a dated one
-    under `outputs/`. Raises `ConfigError`/`EnvMakeError` before compiling.
-    `launch_s`: the seconds the process spent before this call (the CLI passes its
-    start, imports and config), the start-up's `launch` phase in a shard trainer's summary.
+    under `outputs/`. Raises `ConfigError`/`EnvMakeError` before the run dir is
+    written: the config's checks and its parts' (as `jaxrl-dist train` runs them;
+    `checked`: the caller ran them). `launch_s`: the seconds the process spent before
+    this call (the CLI passes its start, imports and config), the start-up's `launch`
+    phase in a shard trainer's summary.
     """
     t_start = time.perf_counter()
+    if not checked:
+        validate(cfg)
+        if not cfg.run.resume:  # a resumed run trains the config saved with it, checked then
+            check_parts(cfg)
     distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)  # the compile cache on, if asked
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
