@@ -372,6 +372,10 @@ SCHEMAS = {
 }
 
 
+# each group's entry-point group, where plugins are found (`registry.Registry`)
+ENTRY_POINTS = {"backend": "jaxrl_dist.backends", "scheduler": "jaxrl_dist.schedulers"}
+
+
 def schema(group: str, name: str) -> type:
     """The dataclass of `group`'s option `name` (the group's base for a plugin)."""
     return SCHEMAS[group].get(name, SCHEMAS[group]["local" if group == "backend" else "fixed"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import sys
 from importlib.metadata import entry_points
 from typing import Any, Dict, Mapping, Union
@@ -34,12 +35,18 @@ def _entry_points(group: str, path: tuple) -> tuple:
     return tuple(entry_points(group=group))
 
 
+def plugin_names(group: str) -> list:
+    """The names the installed distributions register under entry-point `group`."""
+    return sorted(ep.name for ep in _entry_points(group, tuple(sys.path)))
+
+
 class Registry:
     """Names of one extension point -> objects (or "module:attr" strings, loaded on use)."""
 
     def __init__(self, what: str, key: str, group: str, builtin: Mapping[str, Union[str, Any]]):
         self.what, self.key, self.group = what, key, group
-        self._builtin: Dict[str, Any] = dict(builtin)
+        self._builtin: Dict[str, Any] = dict(builtin)  # the package's, then what a caller registers
+        self._own = frozenset(builtin)
 
     def register(self, name: str, target: Any) -> Any:
         """Add (or replace) `name` for this process; returns `target` (usable as a decorator's body)."""
@@ -73,12 +80,30 @@ class Registry:
         """A plugin's name and its options (`key`), checked before a run writes anything;
         a built-in is taken as named (its keys are its schema's, already checked), and
         options given to it are an error: only a plugin reads them."""
-        if name not in self._builtin:
+        if name not in self._own:
             options(self.get(name), given, key)
         elif given:
             group = self.key.rpartition(".")[0]
             raise ConfigError(f"{key}.{sorted(given)[0]}: {group}={name} is built in and takes no {key}; "
                               f"its keys are {group}.* (jaxrl-dist train --print-config {group}={name})")
+
+
+def made(key: str, name: str, target: Any, contract: str, needs: tuple, *args, **kwargs) -> Any:
+    """`target(*args, **kwargs)`, a plugin's object; a target that cannot be called so,
+    or an object without the attributes `needs`, is one line naming `key` and the contract
+    (not a traceback at its first use, or in a clean-up that calls what it lacks)."""
+    try:
+        inspect.signature(target).bind(*args, **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{key}: {name!r} cannot be called as {contract} ({err})") from None
+    except ValueError:  # no signature to read (a builtin): the call says
+        pass
+    obj = target(*args, **kwargs)
+    missing = [m for m in needs if not hasattr(obj, m)]
+    if missing:
+        raise ConfigError(f"{key}: {name!r} made a {type(obj).__name__}, which lacks {', '.join(missing)} "
+                          f"({contract})")
+    return obj
 
 
 def _load(target: str) -> Any:

@@ -31,7 +31,7 @@ cases = {
     "suite": ["trainer=fused", "env.id=ToyCartPole-v0", "env.suite=toy"],
     "backend": ["backend.name=marked", f"backend.options.marker={run}/marker.txt", "scheduler=fixed",
                 "scheduler.num_shards=2"] + ROUNDS,
-    "scheduler": ["scheduler.name=alternate", "scheduler.options.high=3"] + ROUNDS,
+    "scheduler": ["scheduler=alternate", "scheduler.options.high=3"] + ROUNDS,
 }
 for name in sys.argv[2:]:
     over = cases[name]
@@ -46,6 +46,9 @@ for name, over in {"bad_option": ["trainer=fused", "algo.loss=clipped_kl", "algo
     except Exception as err:
         errors[name] = str(err)
 out["errors"] = errors
+picked = load_config(["trainer=sync", "scheduler=alternate", "scheduler.options.high=3", "backend=marked",
+                      f"backend.options.marker={run}/m.txt"] + ROUNDS)  # plugins picked as presets are
+out["presets"] = [picked.scheduler.name, picked.backend.name, picked.scheduler.options]
 print("RESULT " + json.dumps(out))
 """
 
@@ -97,6 +100,7 @@ def train_with(installed, run, *cases: str) -> dict:
     assert "algo.network_options.width" in errors["bad_type"]
     assert re.search(r"algo.loss: unknown loss 'nope' \(registered: .*clipped_kl.*ppo", errors["unknown"])
     assert all("\n" not in e for e in errors.values())
+    assert out["presets"] == ["alternate", "marked", {"high": 3}]
     return out
 
 
@@ -125,3 +129,35 @@ def test_each_plugin_trains_cartpole_from_an_installed_distribution(installed, t
     shards = [json.loads(x)["num_shards"] for x in
               (tmp_path / "scheduler" / "metrics.jsonl").read_text().splitlines()]
     assert shards[:4] == [1, 3, 1, 3]
+
+
+def test_a_plugin_that_breaks_its_contract_is_one_line_naming_the_key(monkeypatch):
+    """A network that is no module, a scheduler that cannot be built as one, a backend
+    without the methods the trainer calls: each is a `ConfigError` naming the key and the
+    contract, not a traceback at the first use (or in the clean-up that calls `close`)."""
+    from jaxrl_dist.backends import BACKENDS, make_backend
+    from jaxrl_dist.config import BackendConfig, ConfigError, SchedulerConfig
+    from jaxrl_dist.core.networks import NETWORKS, make_network
+    from jaxrl_dist.envs import make_env
+    from jaxrl_dist.scheduling.schedulers import SCHEDULERS, make_scheduler
+
+    class NoArgs:
+        pass
+
+    class Half:
+        def __init__(self, cfg):
+            pass
+
+        def start(self, job):
+            pass
+
+    monkeypatch.setitem(NETWORKS._builtin, "word", lambda spec, sizes, activation, options: "not a module")
+    monkeypatch.setitem(SCHEDULERS._builtin, "noargs", NoArgs)
+    monkeypatch.setitem(BACKENDS._builtin, "half", Half)
+    with pytest.raises(ConfigError, match="^algo.network: 'word' made a str, which lacks init, apply"):
+        make_network(make_env("CartPole-v1", 1).spec, "word")
+    with pytest.raises(ConfigError, match="^scheduler.name: 'noargs' cannot be called as a subclass of "
+                       "jaxrl_dist.scheduling.schedulers.Scheduler"):
+        make_scheduler(SchedulerConfig(name="noargs"), BackendConfig())
+    with pytest.raises(ConfigError, match="^backend.name: 'half' made a Half, which lacks run_round, close"):
+        make_backend(BackendConfig(name="half"))

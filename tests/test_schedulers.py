@@ -297,5 +297,5 @@ def test_a_scheduler_without_the_round_contract_is_one_line(monkeypatch):
     monkeypatch.setitem(schedulers.BUILTIN, "loose", Loose)
     monkeypatch.setattr(schedulers, "SCHEDULERS", schedulers.Registry("scheduler", "scheduler.name",
                                                                       schedulers.GROUP, schedulers.BUILTIN))
-    with pytest.raises(ConfigError, match="scheduler.name: 'loose' lacks expected_shards, most_shards, sees_limits"):
+    with pytest.raises(ConfigError, match="scheduler.name: 'loose' made a Loose, which lacks expected_shards, most_shards, sees_limits"):
         schedulers.make_scheduler(SchedulerConfig(name="loose"), BackendConfig())

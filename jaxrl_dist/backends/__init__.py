@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, List, NamedTuple, Optional, Protocol
 
-from jaxrl_dist.registry import Registry, options as plugin_options
+from jaxrl_dist.config import ENTRY_POINTS
+from jaxrl_dist.registry import Registry, made, options as plugin_options
 from jaxrl_dist.backends.shard import ShardOutput
 
-GROUP = "jaxrl_dist.backends"
+GROUP = ENTRY_POINTS["backend"]
 BUILTIN = {"local": "jaxrl_dist.backends.local:LocalBackend",
            "ray": "jaxrl_dist.backends.ray_backend:RayBackend",
            "http": "jaxrl_dist.backends.http:HttpBackend"}
@@ -217,7 +218,8 @@ def make_backend(backend_cfg) -> Backend:
     `ConfigError` (one line) for an unknown name or a bad option."""
     cls = BACKENDS.get(backend_cfg.name)
     opts = plugin_options(cls, backend_cfg.options, "backend.options")
-    return cls(backend_cfg) if opts is None else cls(backend_cfg, opts)
+    return made("backend.name", backend_cfg.name, cls, "cls(cfg.backend[, options]), a Backend",
+                ("start", "run_round", "close"), backend_cfg, *(() if opts is None else (opts,)))
 
 
 def bucket(n: int, max_shards: int) -> int:

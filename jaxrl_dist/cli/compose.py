@@ -20,8 +20,9 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
+from jaxrl_dist.config import (ENTRY_POINTS, SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
                                from_dict, omegaconf_message, schema, to_dict, typed, unknown_key)
+from jaxrl_dist.registry import plugin_names
 
 # inside the package, so a plain (non-editable) install finds them from any directory
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -55,14 +56,21 @@ def _stored(group: str) -> set:
         return set()
 
 
-def store_schemas() -> None:
+def store_schemas(overrides: Sequence[str] = ()) -> None:
     """The dataclasses as Hydra's schema: the defaults node `config.yaml` starts from, and
-    one node per built-in backend and scheduler (its subclass, named by its preset)."""
+    one node per built-in backend and scheduler (its subclass, named by its preset). A
+    plugin's name that `overrides` pick as a preset (`scheduler=NAME`) gets its group's
+    base node too; the entry points are read (~0.2 s) only for a name no preset has."""
     store = ConfigStore.instance()
     store.store(name="jaxrl_dist_defaults", node=Config)
     for group, schemas in SCHEMAS.items():
         for name, cls in schemas.items():
             store.store(group=group, name=name, node=cls(name=name))
+    for override in overrides:
+        group, _, names = override.lstrip("+").partition("=")
+        for name in names.split(",") if group in SCHEMAS else ():  # a sweep: a,b
+            if name not in presets(group) and name in plugin_names(ENTRY_POINTS[group]):
+                store.store(group=group, name=name, node=schema(group, name)(name=name))
 
 
 def known_keys() -> list:
@@ -132,7 +140,8 @@ def task_preset(overrides: Sequence[str]) -> list:
 
 def unknown_preset(group: str, option: str, config_dirs: Sequence[str] = ()) -> str:
     """The one line for a preset `group` lacks, with the closest one and every choice."""
-    choices = presets(group, config_dirs)
+    choices = sorted(set(presets(group, config_dirs)) | set(
+        plugin_names(ENTRY_POINTS[group]) if group in ENTRY_POINTS else ()))
     plugins = f"; {SWEEP_EXTRA}" if group in ("hydra/launcher", "hydra/sweeper") else ""
     return (f"unknown {group} preset '{option}'{did_you_mean(option, choices, 0.6)} "
             f"(choose from: {', '.join(choices)}){plugins}")
@@ -178,7 +187,7 @@ def _known_near(err: OmegaConfBaseException) -> list:
 def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
     """The composed config as plain nested dicts (a non-train command's one compose);
     `ConfigError` on Hydra's errors. `config_dirs` are searched before the package's."""
-    store_schemas()
+    store_schemas(overrides)
     extra = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in config_dirs)}]"
              ] if config_dirs else []
     try:

@@ -388,7 +388,7 @@ def _hydra(argv: Sequence[str]) -> int:
     if "hydra/sweeper=optuna" in argv:
         _set_up_optuna()
     _state.update(checked=None, failed=[], sweeps=[], launched=False)
-    store_schemas()
+    store_schemas(argv)
     app = hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")(job)
     saved, sys.argv = sys.argv, ["jaxrl-dist", *argv]  # hydra.main reads sys.argv; completion binds the name
     root = logging.getLogger()

@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxrl_dist.core.types import EnvSpec
 from jaxrl_dist.config import ConfigError
-from jaxrl_dist.registry import Registry, options as plugin_options
+from jaxrl_dist.registry import Registry, made, options as plugin_options
 
 
 class PolicyOut(NamedTuple):
@@ -115,7 +115,8 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
     plugin `network` names with its `options` (a mapping it validates)."""
     factory, opts = checked_network(network, options)
     if factory is not None:
-        return factory(spec, tuple(hidden_sizes), activation, opts)
+        return made("algo.network", network, factory, "factory(spec, hidden_sizes, activation, options) -> "
+                    "flax module", ("init", "apply"), spec, tuple(hidden_sizes), activation, opts)
     torso = network
     if torso == "auto":
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"

@@ -26,10 +26,10 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from jaxrl_dist.config import ConfigError, as_schema
-from jaxrl_dist.registry import Registry, options as plugin_options
+from jaxrl_dist.config import ENTRY_POINTS, ConfigError, as_schema
+from jaxrl_dist.registry import Registry, made, options as plugin_options
 
-GROUP = "jaxrl_dist.schedulers"
+GROUP = ENTRY_POINTS["scheduler"]
 BUILTIN = {"fixed": "jaxrl_dist.scheduling.schedulers:FixedScheduler",
            "max": "jaxrl_dist.scheduling.schedulers:MaxScheduler",
            "adapt": "jaxrl_dist.scheduling.schedulers:AdaptScheduler",
@@ -232,9 +232,7 @@ def make_scheduler(cfg, backend_cfg, full=None) -> Scheduler:
     cfg = as_schema("scheduler", cfg)
     opts = plugin_options(cls, cfg.options, "scheduler.options")
     extra = {} if opts is None else {"options": opts}
-    sched = cls(cfg, backend_cfg, **extra) if full is None else cls(cfg, backend_cfg, full, **extra)
-    if not isinstance(sched, RoundScheduler):  # what the round trainer calls, checked before any round
-        missing = [m for m in ("num_shards", "expected_shards", "most_shards", "sees_limits") if not hasattr(sched, m)]
-        raise ConfigError(f"scheduler.name: {cfg.name!r} lacks {', '.join(missing)} "
-                          "(subclass jaxrl_dist.scheduling.schedulers.Scheduler)")
-    return sched
+    # what the round trainer calls, checked before any round
+    return made("scheduler.name", cfg.name, cls, "a subclass of jaxrl_dist.scheduling.schedulers.Scheduler",
+                ("num_shards", "expected_shards", "most_shards", "sees_limits"), cfg, backend_cfg,
+                *(() if full is None else (full,)), **extra)
