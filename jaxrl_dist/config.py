@@ -498,9 +498,11 @@ class TrainerConfig:
         require(count is None or count % self.seed_axis == 0,
                 f"trainer.seed_axis={self.seed_axis} does not divide trainer.devices={count}")
         self.distributed.check()
-        require(self.distributed.num_processes == 1 or self.name == "fused",
-                f"trainer.distributed.num_processes={self.distributed.num_processes}: several processes "
+        n = self.distributed.num_processes
+        require(n == 1 or self.name == "fused", f"trainer.distributed.num_processes={n}: several processes "
                 f"train with trainer=fused only (trainer={self.name})")
+        require(n == 1 or count != 1, f"trainer.devices={self.devices}: a run over {n} processes spans "
+                "every process's devices; set trainer.devices=all (jaxrl-dist launch sets it)")
 
 
 def requested_devices(t: TrainerConfig) -> Optional[int]:

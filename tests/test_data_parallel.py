@@ -87,8 +87,9 @@ def test_mesh_params_follow_one_device_and_bad_counts_are_one_line():
     assert two[1] == {"seeds": 1, "data": 2}
     assert np.abs(np.array(two[0]) - np.array(one[0])).max() <= TOLERANCE
     count = jax.device_count()
-    assert namespace["error"](devices=count + 1) == (f"trainer.devices={count + 1}: only {count} device(s) "
-                                                      "present (cpu)")
+    assert namespace["error"](devices=count + 1) == (
+        f"trainer.devices={count + 1}: only {count} device(s) present (cpu); on CPU, "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={count + 1} makes {count + 1}")
     assert namespace["error"](devices=2, envs=3).startswith(
         "env.num_envs=3 is not divisible by the data axis: 2 device(s)")
 
@@ -98,8 +99,28 @@ def test_four_data_devices_and_a_seeds_x_data_mesh_follow_one_device():
     out = mesh_runs("one", "all", "seeds_one", "seeds_x_data", "too_many", "indivisible")
     assert_follows(out, "all", "one", {"seeds": 1, "data": 4})
     assert_follows(out, "seeds_x_data", "seeds_one", {"seeds": 2, "data": 2})
-    assert out["too_many"] == "trainer.devices=8: only 4 device(s) present (cpu)"
+    assert out["too_many"].startswith("trainer.devices=8: only 4 device(s) present (cpu); on CPU, XLA_FLAGS=")
     assert out["indivisible"].startswith("env.num_envs=6 is not divisible by the data axis: 4 device(s)")
+
+
+def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path):
+    """`summary.json` has `mesh` and `processes` whichever trainer ran (here sync, both
+    devices); a run over several processes is refused unless it spans every device."""
+    import jax
+
+    from jaxrl_dist.config import ConfigError, from_dict
+    from jaxrl_dist.trainers.runner import train
+
+    if jax.device_count() < 2:
+        pytest.skip("one device")
+    cfg = from_dict({"trainer": {"name": "sync", "devices": 2}, "algo": {"total_timesteps": 2 * 2 * 8 * 32,
+                     "num_steps": 32}, "backend": {"envs_per_shard": 8}, "run": {"progress": False},
+                     "scheduler": {"name": "fixed", "num_shards": 2}})
+    summary = json.loads(Path(train(cfg, tmp_path / "run").run_dir, "summary.json").read_text())
+    assert summary["mesh"] == {"seeds": 1, "data": 2} and summary["processes"] == 1
+    with pytest.raises(ConfigError, match=r"^trainer.devices=1: a run over 2 processes spans every process's "
+                       r"devices; set trainer.devices=all \(jaxrl-dist launch sets it\)$"):
+        from_dict({"trainer": {"distributed": {"coordinator": "127.0.0.1:1", "num_processes": 2}}})
 
 
 def _free_port() -> int:

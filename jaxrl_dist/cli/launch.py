@@ -123,6 +123,8 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
         raise ConfigError(f"--processes must be positive, got {processes}")
     if any(o.split("=", 1)[0].startswith("trainer.distributed.") for o in overrides):
         raise ConfigError("trainer.distributed.*: jaxrl-dist launch sets these for each process")
+    if _given(overrides, "trainer.devices") is None:  # one global mesh over every process's devices
+        overrides = [*overrides, "trainer.devices=all"]
     run_dir = Path(_given(overrides, "run.resume") or _given(overrides, "run.dir") or default_run_dir()).resolve()
     if not _given(overrides, "run.resume"):  # the config once here, not once a process (and one line)
         check_parts(load_config(overrides))
@@ -138,12 +140,12 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
 
 EPILOG = """\
 Process 0 hosts JAX's coordinator on a free loopback port (or --coordinator) and
-writes the run directory; process i > 0 logs to RUN_DIR/process_<i>/. A process
+writes the run directory; the run uses every process's devices (trainer.devices=all); process i > 0 logs to RUN_DIR/process_<i>/. A process
 that exits with an error stops the others, with one line naming it.
 
 examples:
-  jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused trainer.devices=all
-  jaxrl-dist launch --processes 4 trainer=fused env=breakout_minatar trainer.devices=all num_seeds=8
+  jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused
+  jaxrl-dist launch --processes 4 trainer=fused env=breakout_minatar num_seeds=8
 """
 
 

@@ -38,8 +38,13 @@ def mesh_shape(trainer, present: int) -> Optional[MeshShape]:
     count = requested_devices(trainer)
     count = present if count is None else count
     if count > present:
+        cpu = jax.default_backend() == "cpu"  # the CLI makes one device a core; XLA can make more
+        hint = f"; on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={count} makes {count}" if cpu else ""
         raise ConfigError(f"trainer.devices={trainer.devices}: only {present} device(s) present "
-                          f"({jax.default_backend()})")
+                          f"({jax.default_backend()}){hint}")
+    if count != present and jax.process_count() > 1:  # a process without a device of the mesh has no part
+        raise ConfigError(f"trainer.devices={trainer.devices}: a run over {jax.process_count()} processes "
+                          f"spans all their {present} devices; set trainer.devices=all")
     if count % trainer.seed_axis:
         raise ConfigError(f"trainer.seed_axis={trainer.seed_axis} does not divide the "
                           f"{count} device(s) of trainer.devices={trainer.devices}")

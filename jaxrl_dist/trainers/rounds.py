@@ -23,6 +23,7 @@ import numpy as np
 from jaxrl_dist.backends import BackendError, SlotTable, make_backend, wire
 from jaxrl_dist.backends.shard import ShardProgram, slot_init_key, spec_from_config
 from jaxrl_dist.config import Config, check_policy
+from jaxrl_dist.core import mesh as meshes
 from jaxrl_dist.core.learner import init_train, make_learner, update_sharding
 from jaxrl_dist.core.networks import is_recurrent
 from jaxrl_dist.core.types import TrainState
@@ -318,12 +319,18 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         sps=(env_steps - t.done_steps) / t.train_seconds if t.train_seconds > 0 else None,
         params_sha256=params_digest(trainer.state.train.params), peak_rss_mb=peak_rss_mb(),
         resumed_at_update=t.start if cfg.run.resume else None, run_dir=str(Path(cfg.run.dir).resolve()),
-        metadata=run_metadata(),
+        mesh=_mesh(cfg), processes=jax.process_count(), metadata=run_metadata(),
         rounds=RoundFigures(backend=cfg.backend.name, scheduler=own.pop("scheduler"), rounds=rounds,
                             retries=sum(rec.retries for rec in records),
                             slot_resets=sum(rec.slot_resets for rec in records)),
         cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return),
         phases=phase_figures(trainer.startup, t.records, trainer.tail, cfg.run.target_return), **own)
+
+
+def _mesh(cfg: Config) -> Optional[dict]:
+    """The learner's `{seeds, data}` devices (its update's samples split over `data`)."""
+    shape = meshes.mesh_shape(cfg.trainer, jax.device_count())
+    return None if shape is None else shape._asdict()
 
 
 def train_rounds(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_cls: type,

@@ -187,10 +187,8 @@ def summary_of(cfg, setup, runner, records, times: dict, start: int) -> RunSumma
         sps=done / times["train"] if times["train"] > 0 else None,
         params_sha256=params_digest(runner.train.params), peak_rss_mb=peak_rss_mb(),
         resumed_at_update=start if cfg.run.resume else None, run_dir=str(Path(cfg.run.dir).resolve()),
-        metadata=run_metadata(),
-        fused=FusedFigures(checkpoint_seconds=times["checkpoint"],
-                           mesh=None if setup.mesh is None else dict(setup.mesh.shape),  # {seeds, data}: devices
-                           processes=jax.process_count()))
+        mesh=None if setup.mesh is None else dict(setup.mesh.shape), processes=jax.process_count(),
+        metadata=run_metadata(), fused=FusedFigures(checkpoint_seconds=times["checkpoint"]))
 
 
 def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0, checked: bool = False) -> RunSummary:

@@ -33,8 +33,6 @@ class FusedFigures(NamedTuple):
     """The fused trainer's own figures."""
 
     checkpoint_seconds: float  # the checkpoint writes (the end-of-run one too)
-    mesh: Optional[dict]  # {seeds, data}: devices; None on one device
-    processes: int
 
 
 class RoundFigures(NamedTuple):
@@ -70,7 +68,7 @@ class Group(NamedTuple):
 # shard trainer's `RoundFigures`)
 _EVERY_TRAINER = ("final_return", "returns_per_seed", "env_steps", "total_env_steps", "num_updates", "num_seeds",
                   "wall_seconds", "compile_seconds", "train_seconds", "sps", "params_sha256", "peak_rss_mb",
-                  "resumed_at_update", "run_dir")
+                  "resumed_at_update", "run_dir", "mesh", "processes")
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +91,8 @@ class RunSummary(Mapping):
     peak_rss_mb: float
     resumed_at_update: Optional[int]
     run_dir: str
+    mesh: Optional[dict]  # the learner's {seeds, data} devices (`trainer.devices`); None on one device
+    processes: int  # JAX processes the run spans (`jaxrl-dist launch`)
     metadata: dict  # `rundir.run_metadata()`: versions, commit, devices
     fused: Optional[FusedFigures] = None
     rounds: Optional[RoundFigures] = None
