@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 from jaxrl_dist.cli.compose import load_config
+from jaxrl_dist.cli.train import EXIT_PEER_LOST
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.serve.local import free_port
 from jaxrl_dist.trainers.parts import check_parts
@@ -94,7 +95,9 @@ def supervise(workers: Sequence[Worker]) -> int:
     try:
         while True:
             codes = [w.proc.poll() for w in workers]
-            failed = next((w for w, c in zip(workers, codes) if c not in (None, 0)), None)
+            # a process that lost its peer (EXIT_PEER_LOST) is named only when no other failed
+            failed = min((w for w, c in zip(workers, codes) if c not in (None, 0)), default=None,
+                         key=lambda w: w.proc.returncode == EXIT_PEER_LOST)
             if failed is not None:
                 return _fail(workers, failed)
             if all(c == 0 for c in codes):

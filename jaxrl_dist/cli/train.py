@@ -41,6 +41,7 @@ from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_now
 
 EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
 EXIT_NO_LEGAL_ACTION = 4  # the env allowed no action where the policy had to act
+EXIT_PEER_LOST = 5  # a multi-process run's collective failed: another process is gone
 LOG = logging.getLogger("jaxrl_dist.train")
 RAY_LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address; this stays on loopback
 _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd",
@@ -216,7 +217,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     prepare JAX, train; the summary's `run.objective` (for sweepers)."""
     from jaxrl_dist.backends import BackendError  # imports JAX
 
-    NoLegalAction = ()  # matches nothing until the trainers (and their error) are imported
+    NoLegalAction = PeerLost = ()  # match nothing until the trainers (and their errors) are imported
     try:
         config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
         if multirun and "run.progress" not in override_keys(overrides):  # parallel jobs would draw over each other
@@ -225,6 +226,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
             config.backend.keep_actors = True  # the next job takes the actors over
         with status.showing("loading JAX", config.run.progress):
             from jaxrl_dist.trainers.runner import NoLegalAction, train
+        if config.trainer.distributed.num_processes > 1:  # a collective fails when a peer is gone
+            from jax.errors import JaxRuntimeError as PeerLost
         LOG.info("run dir %s; overrides: %s", output_dir, " ".join(overrides) or "none")
         launch_s = 0.0 if _state["launched"] else process_age_s()  # a multirun's first job only
         _state["launched"] = True
@@ -233,6 +236,9 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise JobFailed(f"error: {one_line(err)}", EXIT_CONFIG_ERROR) from None
     except BackendError as err:  # every retry spent; the last checkpoint is on disk
         raise JobFailed(f"error: {one_line(err)}", EXIT_BACKEND_ERROR) from None
+    except PeerLost as err:  # `launch` names the process that died; this one says why it stopped
+        raise JobFailed(f"error: process {config.trainer.distributed.process_id}: a collective with the other "
+                        f"processes failed ({one_line(err)[:200]})", EXIT_PEER_LOST) from None
     except NoLegalAction as err:
         raise JobFailed(f"error: {config.env.id}: {one_line(err)}", EXIT_NO_LEGAL_ACTION) from None
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
