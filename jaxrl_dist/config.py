@@ -86,6 +86,7 @@ class EnvConfig:
 
     def check(self) -> None:
         _positive("env", self, "num_envs", "clip_obs", "clip_reward")
+        _positive("env", self, "num_threads", zero="0: envpool chooses")  # below 0 envpool aborts the process
         for key in ("normalize_obs", "normalize_reward"):
             resolve_auto(getattr(self, key), f"env.{key}", False)
 

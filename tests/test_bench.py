@@ -6,6 +6,7 @@ import json
 import shutil
 import time
 
+import numpy as np
 import pytest
 
 from jaxrl_dist.tools import benchmark
@@ -129,3 +130,15 @@ def test_quick_suite_records_every_case_under_its_budget(tmp_path):
     profile = data["profile"]
     if profile["status"] == "ok":  # the budget may leave no time for it on a busy machine
         assert profile["events"] > 0 and any(f.endswith(".xplane.pb") for f in profile["files"])
+
+
+def test_write_json_writes_a_run_summary_as_its_mapping(tmp_path):
+    """A bench script puts `train()`'s `RunSummary` into its JSON as the mapping it reads as."""
+    from jaxrl_dist.tools.files import write_json
+
+    class Summary:  # what `write_json` relies on: `RunSummary.to_json`
+        def to_json(self):
+            return {"final_return": 500.0}
+
+    path = write_json(tmp_path / "out.json", {"summary": Summary(), "x": np.float32(1.5)})
+    assert json.loads(path.read_text()) == {"summary": {"final_return": 500.0}, "x": 1.5}

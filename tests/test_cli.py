@@ -182,6 +182,7 @@ def test_a_key_the_chosen_trainer_ignores_is_one_line(overrides, key):
     ("algo.vf_coef=-5", "algo.vf_coef must be a finite number >= 0"),
     ("algo.ent_coef=nan", "algo.ent_coef must be a finite number >= 0"),
     ("env.clip_obs=-1", "env.clip_obs must be positive"),
+    ("env.num_threads=-1", "env.num_threads must be >= 0 (0: envpool chooses), got -1"),
     ("algo.total_timesteps=1e19", "algo.total_timesteps=1e+19 is too many: 3.12e+17 gradient steps"),
 ])
 def test_a_coefficient_out_of_range_is_one_line(override, line):

@@ -13,9 +13,12 @@ from jaxrl_dist.trainers.logger import read_jsonl
 
 def _plain(value):
     """What `json` cannot write by itself: numpy and JAX scalars and arrays as Python
-    numbers and lists; anything else numeric as a float (else `TypeError`)."""
+    numbers and lists; a record with `to_json` (a run's `RunSummary`) as its mapping;
+    anything else numeric as a float (else `TypeError`)."""
     if hasattr(value, "tolist"):
         return value.tolist()
+    if hasattr(value, "to_json"):
+        return value.to_json()
     return float(value)
 
 
