@@ -92,6 +92,8 @@ def saved_state(cfg: Config, run_dir) -> tuple:
     on one device: a data-parallel run's state was saved sharded over devices this
     process may not have."""
     none = f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}"
+    # a loss shapes no state: reading a run's checkpoint needs its network plugin, not its loss plugin
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, loss="ppo", loss_options={}))
     require(bool(saved_steps(run_dir)), none)  # before orbax starts its threads, which a quick exit would cut short
     ckpt = Checkpointer(Path(run_dir), read_only=True)
     try:

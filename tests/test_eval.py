@@ -145,3 +145,16 @@ def test_eval_of_a_directory_that_is_no_run_is_one_line(tmp_path):
     out = run_cli("eval", str(tmp_path), timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"error: {tmp_path}: not a run directory (no config.yaml)"]
+
+
+def test_a_run_trained_with_a_loss_plugin_loads_without_it(solved, tmp_path):
+    """A loss shapes no state: a colleague without the run's loss plugin still evaluates it."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(solved, copy)
+    config = copy / "config.yaml"
+    config.write_text(config.read_text().replace("loss: ppo", "loss: not_installed_here"))
+    assert "loss: not_installed_here" in config.read_text()
+    actions = load_policy(copy)(jnp.zeros((3, 4)))
+    assert actions.shape == (3,)
