@@ -412,3 +412,14 @@ def test_a_suite_plugin_that_fails_to_import_troubles_only_ids_no_other_suite_ha
     assert resolve_suite("CartPole-v1") == "gymnax"
     with pytest.raises(EnvMakeError, match="zz_broken"):
         resolve_suite("NoSuchEnv-v0")
+
+
+def test_an_envpool_env_is_made_without_gymnasium_s_space_warnings():
+    """envpool's float64 space bounds made gymnasium warn on every env made (noise)."""
+    import warnings
+
+    pytest.importorskip("envpool")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = make_env("CartPole-v1", 2, "envpool")
+    assert env.spec.obs_shape == (4,)

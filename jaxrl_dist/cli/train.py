@@ -263,6 +263,7 @@ def job(cfg) -> float:
 
     configure_cpu()  # a launcher's worker process has not set up the CPU yet
     use_unrolled_threefry()
+    logging.captureWarnings(True)  # Python's warnings (gymnasium's) as records: in the job log, above the bar
     hc = HydraConfig.get()
     return _reported(lambda: _run(cfg, list(hc.overrides.task), hc.runtime.output_dir, hc.mode == RunMode.MULTIRUN))
 

@@ -12,6 +12,8 @@ built and called inside a scoped `jax.enable_x64` and cast at the boundary.
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -42,8 +44,18 @@ def _float32(dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float64 else dtype
 
 
+@contextlib.contextmanager
+def _quiet_spaces():
+    """envpool's gymnasium spaces have float64 bounds that gymnasium casts to float32,
+    warning each time a space is made: noise a user can do nothing about."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*precision lowered by casting to float32", UserWarning)
+        yield
+
+
 def _space_spec(env_id: str, pool) -> EnvSpec:
-    obs_space, act_space = pool.observation_space, pool.action_space
+    with _quiet_spaces():
+        obs_space, act_space = pool.observation_space, pool.action_space
     obs_dtype = _float32(obs_space.dtype)
     if hasattr(act_space, "n"):
         return EnvSpec(env_id, "envpool", tuple(obs_space.shape), obs_dtype, True,
@@ -63,8 +75,9 @@ def make_pool(env_id: str, num_envs: int, seed: int, num_threads: int = 0, kwarg
     options.update(kwargs or {})
     if num_threads:
         options["num_threads"] = num_threads
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
-                        seed=seed, **options)
+    with _quiet_spaces():
+        return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, batch_size=num_envs,
+                            seed=seed, **options)
 
 
 class EnvpoolEnv:
