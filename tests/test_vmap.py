@@ -106,17 +106,27 @@ def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
     cfgs = [job(tmp_path, algo={"lr": lr, "num_steps": n}) for lr in (1e-3, 3e-4) for n in (16, 32)]
     _describe(cfgs, *plan(cfgs, 1024))
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["vmap: algo.num_steps differ between jobs (shaping keys): jobs with different values "
+    assert lines == ["vmap: algo.num_steps differs between jobs (shaping keys): jobs with different values "
                      "train in different programs",
                      "vmap: 4 jobs: 2 group(s) of 2 members, one program each"]
     _describe(cfgs[:3], *plan(cfgs[:3], 1024))  # a group of 2 jobs, and one alone
     assert capsys.readouterr().err.splitlines()[-1] == \
-        "vmap: 3 jobs: 1 group(s) of 2 members, one program each, 1 on their own"
+        "vmap: 3 jobs: 1 group(s) of 2 members, one program each, 1 on its own"
     _describe(cfgs, *plan(cfgs, 1))  # each group over max_members=1: a program a job
     assert capsys.readouterr().err.splitlines()[-1] == \
         "vmap: 4 jobs: 2 group(s) in 4 program(s) of 1 members (hydra.launcher.max_members)"
+    # a swept preset names itself, not only the keys it sets; a job above max_members is said
+    presets = [job(tmp_path, algo={"num_steps": n, "update_epochs": n // 8, "num_minibatches": 2, "lr": lr},
+                   num_seeds=2) for n in (16, 32) for lr in (1e-3, 3e-4)]
+    swept = [["env=a", "algo.lr=1e-3"], ["env=a", "algo.lr=3e-4"], ["env=b", "algo.lr=1e-3"], ["env=b", "algo.lr=3e-4"]]
+    _describe(presets, *plan(presets, 1), swept, 1)
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "vmap: env differs between jobs (shaping keys algo.num_steps, algo.update_epochs): jobs with different "
+        "values train in different programs",
+        "vmap: a job of 2 seeds (num_seeds) is more than hydra.launcher.max_members=1; a job's seeds stay in "
+        "one program"]
     _describe([cfgs[0], None], *plan(cfgs[:1], 1024))  # no group at all: one alone, one that failed
-    assert capsys.readouterr().err.splitlines()[-1] == "vmap: 2 jobs: 1 on their own, 1 failed their checks"
+    assert capsys.readouterr().err.splitlines()[-1] == "vmap: 2 jobs: 1 on its own, 1 failed its checks"
 
 
 def test_a_launcher_option_out_of_range_is_one_line(tmp_path):

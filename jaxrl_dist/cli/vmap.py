@@ -130,22 +130,38 @@ def _output_dir(config) -> Path:
     return Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config, "hydra.sweep.subdir"))
 
 
-def _describe(configs: list, groups: list, alone: dict) -> None:
-    """One line for the plan, and one naming the swept shaping keys that split the sweep."""
+def _describe(configs: list, groups: list, alone: dict, overrides: Sequence = (), max_members: int = 0) -> None:
+    """One line for the plan, one naming the swept keys that split the sweep, and one for
+    a job with more seeds than `max_members` (its seeds stay in one program)."""
     ok = [c for c in configs if c is not None]
     split = differing([c for c in ok if c.trainer.name == "fused"]) if len(ok) > 1 else []
     if split:
-        _say(f"vmap: {', '.join(split)} differ between jobs (shaping keys): jobs with different values "
-             "train in different programs")
+        _say(f"vmap: {_splitting(split, overrides)}: jobs with different values train in different programs")
+    big = max((c.num_seeds for c in ok), default=0)
+    if max_members and big > max_members:
+        _say(f"vmap: a job of {big} seeds (num_seeds) is more than hydra.launcher.max_members={max_members}; "
+             "a job's seeds stay in one program")
     sizes = sorted({sum(configs[i].num_seeds for i in g) for g in groups})
     members = "-".join(str(n) for n in sizes[::max(1, len(sizes) - 1)])  # "4", or "2-6" where they differ
     shapes = len({shaping(configs[g[0]]) for g in groups})  # a group over max_members runs in several programs
     parts = [f"{shapes} group(s) in {len(groups)} program(s) of {members} members (hydra.launcher.max_members)"
              if shapes < len(groups) else f"{len(groups)} group(s) of {members} members, one program each"
              ] if groups else []
-    parts += [f"{len(alone)} on their own"] if alone else []
-    parts += [f"{len(configs) - len(ok)} failed their checks"] if len(ok) < len(configs) else []
+    parts += [f"{len(alone)} on {'its' if len(alone) == 1 else 'their'} own"] if alone else []
+    failed = len(configs) - len(ok)
+    parts += [f"{failed} failed {'its' if failed == 1 else 'their'} checks"] if failed else []
     _say(f"vmap: {len(configs)} jobs: {', '.join(parts)}")
+
+
+def _splitting(split: list, overrides: Sequence) -> str:
+    """What split the sweep: the swept overrides that set shaping keys (`env` through its
+    preset's keys), with those keys; else the shaping keys themselves."""
+    given = [dict(o.split("=", 1) for o in job if "=" in o) for job in overrides]
+    swept = sorted({k for g in given for k in g if len({g2.get(k) for g2 in given}) > 1})
+    named = [k for k in swept if k in split or "." not in k.lstrip("+")]  # a key, or a preset group
+    keys = f"{', '.join(split[:4])}{f', ... ({len(split)} keys)' if len(split) > 4 else ''}"
+    subject, what = (split, "shaping keys") if not named or named == split else (named, f"shaping keys {keys}")
+    return f"{', '.join(subject)} {'differs' if len(subject) == 1 else 'differ'} between jobs ({what})"
 
 
 def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
@@ -161,10 +177,11 @@ def launch(launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: in
     groups, alone = plan([configs[i] for i in valid], launcher.max_members)
     groups = [[valid[i] for i in g] for g in groups]
     alone = {valid[i]: why for i, why in alone.items()}
-    _describe(configs, groups, alone)
+    _describe(configs, groups, alone, [o for o, _ in jobs], launcher.max_members)
     returns, rows = {}, {}
+    unit = "group" if len({shaping(configs[g[0]]) for g in groups}) == len(groups) else "program"
     for g, members in enumerate(groups, 1):
-        _run_group(launcher, jobs, configs, members, f"group {g}/{len(groups)}", returns, rows)
+        _run_group(launcher, jobs, configs, members, f"{unit} {g}/{len(groups)}", returns, rows)
     for i in sorted(set(alone) | set(failures)):
         if i in alone:
             _say(f"job {jobs[i][1].hydra.job.num}: on its own ({alone[i]})")
@@ -219,7 +236,7 @@ def _row(job, ret: JobReturn, how: str, summary=None) -> tuple:
         digest = str(summary.get("params_sha256", ""))[:12]
     final = summary.get("final_return") if summary else None
     return (str(config.hydra.job.num), overrides, how,
-            "-" if final is None else f"{final:.1f}", digest or "-", "-" if value is None else f"{value:.4g}")
+            "-" if final is None else f"{final:.4g}", digest or "-", "-" if value is None else f"{value:.4g}")
 
 
 def _table(rows: list, overrides: list) -> None:
