@@ -452,7 +452,8 @@ def run_case(case: Case, opts: Options, clock: Clock, presets: Sequence[str], ma
     base = {"case": case.name, "what": case.what, "overrides": _overrides(case, opts)}
     why = skip_reason(case, presets, machine)
     if why is None and clock.left() < size.need_s:
-        why = f"budget: {max(0.0, clock.left()):.0f} s left, the case needs at least {size.need_s:.0f} s"
+        why = (f"budget: {max(0.0, clock.left()):.0f} s left (of --budget-s {opts.budget_s:g}, {RESERVE_S:g} s kept "
+               f"to write the outputs), the case needs at least {size.need_s:.0f} s; --resume runs it later")
         base["limit"] = "budget"
     if why is not None:
         return {**base, "status": "skipped", "reason": why}
@@ -598,7 +599,8 @@ def target_rows(data: dict) -> list:
 
 def _jobs_note(data: dict) -> str:
     jobs = data.get("jobs", 1)
-    return "" if jobs == 1 else (f" Cases ran {jobs} at a time (--jobs {jobs}; scaling alone), sharing the "
+    side_by_side = [n for n, c in data["cases"].items() if n != "scaling" and c.get("status") != "skipped"]
+    return "" if jobs == 1 or len(side_by_side) < 2 else (f" Cases ran {jobs} at a time (--jobs {jobs}; scaling alone), sharing the "
                                  f"host: their seconds and steps/s are smoke figures, not measurements.")
 
 
@@ -631,8 +633,11 @@ def markdown(data: dict) -> str:
     else:
         lines += [markdown_table(("system", "task", "published", "their hardware", "here (case: measured)",
                                   "this device"), anchor_rows(data)), ""]
-    lines += ["## Targets on one H200 GPU", "",
-              markdown_table(("case", "target", "measured", "met"), target_rows(data)), ""]
+    lines += ["## Targets on one H200 GPU", ""]
+    if data["machine"].get("platform") == "gpu":
+        lines += [markdown_table(("case", "target", "measured", "met"), target_rows(data)), ""]
+    else:  # a CPU's figures set against a GPU's targets would only mislead
+        lines += [f"Not on this device ({data['machine'].get('platform')}): run the suite on a GPU.", ""]
     if data.get("profile"):
         p = data["profile"]
         lines += ["## Profile", "", f"{p['case']}: {p['status']}; {p.get('detail', '')}", ""]
