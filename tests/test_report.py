@@ -278,3 +278,16 @@ def test_a_performance_profile_draws_the_groups_of_five_runs_or_more(tmp_path, f
     assert_png(sweep / "sweep_performance_profile.png")
     assert notes == ["performance profile: left out algo.lr=2 (2 runs, it needs at least 5)"]
     assert lines[0].endswith("| wall (s, mean) | compile (s, mean) |") and lines[2].endswith("| 2.0 | 1.5 |")
+
+
+def test_a_job_left_alone_in_its_sweep_is_named_by_its_overrides():
+    """The other jobs failed (no records): the one left is named by what it set, not "all jobs"."""
+    from types import SimpleNamespace
+
+    from jaxrl_dist.tools.sweep_report import _grouped
+
+    run = SimpleNamespace(summary={"env_id": "CartPole-v1"}, config={})
+    groups = _grouped([(run, frozenset({"algo.lr=0.001", "algo.gamma=0.99"}))])
+    assert [g.label for g in groups] == ["algo.gamma=0.99 algo.lr=0.001"]
+    two = _grouped([(run, frozenset({"algo.lr=0.001", "env=cartpole"})), (run, frozenset({"algo.lr=0.01", "env=cartpole"}))])
+    assert [g.label for g in two] == ["algo.lr=0.001", "algo.lr=0.01"]

@@ -91,7 +91,8 @@ def load_sweep(path) -> list:
 
 
 def _grouped(loaded: list) -> list:
-    common = frozenset.intersection(*(given for _, given in loaded))
+    # a job left alone (the others failed) is named by its own overrides, not "all jobs"
+    common = frozenset.intersection(*(given for _, given in loaded)) if len(loaded) > 1 else frozenset()
     groups: dict = {}
     for run, given in loaded:
         env_id = (run.summary or {}).get("env_id") or ((run.config or {}).get("env") or {}).get("id", "?")
