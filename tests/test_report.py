@@ -269,6 +269,9 @@ def test_a_sweep_of_few_runs_a_group_skips_the_performance_profile_in_one_line(t
     assert f"- {note}" in (sweep / "sweep.md").read_text().splitlines()
     assert not (sweep / "sweep_performance_profile.png").exists()
     assert_png(sweep / "sweep_return_vs_wall_time.png")
+    (sweep / "1" / "summary.json").unlink()  # a job stopped before its end has records, no summary
+    assert few_reps(sweep)[2][0] == ("jobs without summary.json (interrupted, or still running), drawn from "
+                                     "their records: 1; one continues with jaxrl-dist train run.resume=DIR")
 
 
 def test_a_performance_profile_draws_the_groups_of_five_runs_or_more(tmp_path, few_reps):

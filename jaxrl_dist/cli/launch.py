@@ -44,7 +44,8 @@ def _given(overrides: Sequence[str], key: str) -> Optional[str]:
 
 
 def _command(overrides: Sequence[str], run_dir: Path, coordinator: str, n: int, i: int) -> list:
-    cmd = [sys.executable, "-m", "jaxrl_dist", "train", *overrides, f"run.dir={run_dir}",
+    given = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != "run.dir"]  # its resolved path below
+    cmd = [sys.executable, "-m", "jaxrl_dist", "train", *given, f"run.dir={run_dir}",
            f"hydra.run.dir={run_dir}", f"trainer.distributed.coordinator={coordinator}",
            f"trainer.distributed.num_processes={n}", f"trainer.distributed.process_id={i}"]
     if i:  # one bar and one .hydra/ (process 0's); the others' job logs in process_<i>/

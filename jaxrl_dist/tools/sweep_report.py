@@ -317,6 +317,9 @@ def sweep_report(path, out_dir=None) -> tuple:
     envs = sorted({g.env_id for g in groups})
     written, iqms = [], {}
     notes = [f"jobs left out, with no records: {', '.join(left_out)}"] if left_out else []
+    unfinished = [run.path.name for run, _ in loaded if run.summary is None]
+    notes += [f"jobs without summary.json (interrupted, or still running), drawn from their records: "
+              f"{', '.join(unfinished)}; one continues with jaxrl-dist train run.resume=DIR"] if unfinished else []
     for env_id in envs:
         tag = "" if len(envs) == 1 else "_" + "".join(c if c.isalnum() else "_" for c in env_id)
         paths, said, iqm = _env_figures([g for g in groups if g.env_id == env_id], env_id, tag, out_dir, rng)
