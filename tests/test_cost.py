@@ -257,3 +257,14 @@ def test_max_rounds_and_a_cluster_start_up(tmp_path):
     assert summary["time_to_target_s"] is None and summary["cost_to_target_usd"] is None
     assert [r["modeled_setup_s"] for r in records] == [300.0, 0.0]
     assert summary["modeled_seconds"] > 300.0
+
+
+def test_cost_name_of_a_preset_loads_its_prices():
+    """`cost.name=aws_lambda` is what `cost=aws_lambda` is: a label alone would price the
+    run at the default preset's rates under another preset's name."""
+    from jaxrl_dist.cli.compose import load_config
+
+    by_name, by_preset = load_config(["cost.name=aws_lambda"]), load_config(["cost=aws_lambda"])
+    assert by_name.cost == by_preset.cost and by_name.cost.name == "aws_lambda"
+    assert by_name.cost.vcpu_second_usd != load_config([]).cost.vcpu_second_usd
+    assert load_config(["cost.name=my_cloud"]).cost.name == "my_cloud"  # a name of one's own labels prices one sets

@@ -90,12 +90,16 @@ def normalise(overrides: Sequence[str]) -> list:
     """Let `env.kwargs.x=1` (and the plugin option mappings) add keys without Hydra's `++`
     (the composed config is otherwise closed); write a whole number in exponent form
     (`algo.total_timesteps=1e6`) as an integer, which an integer key takes (OmegaConf
-    takes no float there) and a float key reads the same; refuse the old `backend=fused`."""
+    takes no float there) and a float key reads the same; refuse the old `backend=fused`;
+    `cost.name=PRESET` loads that preset's prices as `cost=PRESET` does (the name alone
+    would label the default preset's prices)."""
     out = []
     for o in overrides:
         if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
             raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
         key, eq, value = o.partition("=")
+        if key == "cost.name" and value in presets("cost") and "cost" not in override_keys(overrides):
+            key, o = "cost", f"cost={value}"
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
                 and key[1:] not in known_keys() and not key[1:].startswith(OPEN):
             raise ConfigError(unknown_key(key[1:], known_keys()))  # `+` would add it to the typed config
