@@ -182,6 +182,13 @@ def test_the_default_is_the_generalist_and_other_tasks_run_it_zero_shot(capsys):
     assert sched.running and 1 <= sched.num_shards(0, []) <= sched.scale.max_shards
     with pytest.raises(ConfigError, match="run.target_return"):  # a fixed scale (the MDP's) still needs it
         learned.scale_for(sched.trained, cfg)
+    # a target below the range's floor (0 by default) would read every return alike: refused before the run
+    from jaxrl_dist.trainers.parts import check_parts
+
+    below = from_dict({**base, "env": {"id": "MountainCar-v0"}, "run": {"target_return": -150.0}})
+    with pytest.raises(ConfigError, match=r"^run.target_return=-150 is not above scheduler.min_return=0 \(its "
+                       r"default\): the learned scheduler scales MountainCar-v0's returns"):
+        check_parts(below)
 
 
 def test_an_envpool_task_cannot_be_the_scheduling_mdp():

@@ -233,6 +233,12 @@ def scale_for(trained: Trained, full=None) -> Scale:
         raise ConfigError(f"run.target_return: the scheduler was trained on {trained_on(trained)}; "
                           f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
     lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
+    if lo >= hi:  # an inverted range reads every return as the same feature: the scheduler would be blind
+        key = "run.target_return" if full.run.target_return is not None else "scheduler.max_return"
+        given = "" if full.scheduler.min_return is not None else " (its default)"
+        raise ConfigError(f"{key}={hi:g} is not above scheduler.min_return={lo:g}{given}: the learned scheduler "
+                          f"scales {full.env.id}'s returns from min_return up to it; set scheduler.min_return "
+                          "to the task's lowest return")
     return s._replace(return_lo=float(lo), return_hi=float(hi))
 
 

@@ -10,7 +10,7 @@ from jaxrl_dist.backends.http import read_token_file
 from jaxrl_dist.config import Config, check_recurrent
 from jaxrl_dist.core.ppo import check_plugins
 from jaxrl_dist.envs import check_wrapper, resolve_suite
-from jaxrl_dist.scheduling.learned import checked_file
+from jaxrl_dist.scheduling.learned import checked_file, has_scale, scale_for
 from jaxrl_dist.scheduling.schedulers import SCHEDULERS
 from jaxrl_dist.trainers.summary import check_objective
 
@@ -25,7 +25,9 @@ def check_parts(config: Config) -> None:
     if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler
         BACKENDS.check(config.backend.name, config.backend.options, "backend.options")
         SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
-        if config.scheduler.name == "learned":  # its file, and the shard range it was trained for
-            checked_file(config.scheduler, config.backend)
+        if config.scheduler.name == "learned":  # its file, the shard range it was trained for, the return range
+            trained = checked_file(config.scheduler, config.backend)[1]
+            if has_scale(trained, config):
+                scale_for(trained, config)
         if getattr(config.backend, "token_file", None):  # the http backend's
             read_token_file(config.backend.token_file)
