@@ -54,8 +54,8 @@ def assert_every_chunk_once(recs: list) -> None:
 
 def test_staleness_zero_is_the_sync_trainer(tmp_path):
     sync = train(config(tmp_path / "sync", trainer="sync"))
-    run = train(config(tmp_path / "async", max_staleness=0))
-    assert run["params_sha256"] == sync["params_sha256"]
+    run = train(config(tmp_path / "async", max_staleness=0, balance=True, balance_every=1))  # the default balancer
+    assert run["params_sha256"] == sync["params_sha256"] and run["scheduler"] == "none"
     assert run["rounds"] == sync["rounds"] == 8 and run["env_steps"] == sync["env_steps"]
     assert run["staleness_histogram"] == {"0": 8 * K} and run["dropped_chunks"] == 0
     recs = records(tmp_path / "async")

@@ -382,12 +382,18 @@ class AsyncTrainer(ShardTrainer):
             raise interrupt.Interrupted(self.cfg.run.dir, version)
         return records
 
+    @property
+    def balancing(self) -> bool:
+        """`asynchronous.balance`, but for staleness 0: each version then takes its `K` chunks
+        from `K` actors, so more cannot produce more (and the run stays the sync trainer's)."""
+        return self.cfg.asynchronous.balance and self.cfg.asynchronous.max_staleness > 0
+
     def _start_up(self, train, t_start: Optional[float]) -> None:
         """Start the backend and the first actors' shard programs while the learner's
         compile warms in a thread: the start-up phases."""
         laps = self.start_laps(t_start)
         first, top = actor_range(self.cfg, self.backend)  # the most actors (slots) in flight at once
-        most = (top, "asynchronous.max_actors/backend.max_shards") if self.cfg.asynchronous.balance else (
+        most = (top, "asynchronous.max_actors/backend.max_shards") if self.balancing else (
             first, "asynchronous.actors")
         self.backend.start(Job(self.spec, self.cfg.seed, uuid.uuid4().hex, self.program, *most))
         laps.lap("backend")
@@ -410,7 +416,7 @@ class AsyncTrainer(ShardTrainer):
         modeled, usd, wall = (float(x) for x in self.state.clock)
         self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
                                     modeled, usd,
-                                    prewarm=range(first, top) if self.cfg.asynchronous.balance else ())
+                                    prewarm=range(first, top) if self.balancing else ())
         self.clocks = Clocks(self.account, wall, t_start)
         self._param_bytes = tree_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
@@ -455,7 +461,7 @@ class AsyncTrainer(ShardTrainer):
         self._late_stop = self._late_stop or self._stop_late(so_far)
         if self.ckpt.due(version):
             self._save_async(train, version)
-        if a.balance and version % a.balance_every == 0:
+        if self.balancing and version % a.balance_every == 0:
             self.pool.set_active(self.balancer.step())
 
     def _take(self, chunks: list) -> None:
@@ -556,7 +562,7 @@ class AsyncTrainer(ShardTrainer):
     def figures(self) -> dict:
         total = sum(self.staleness.values())
         rates = self.balancer.rates if self.balancer else {}
-        return {"scheduler": "balance" if self.cfg.asynchronous.balance else "none",
+        return {"scheduler": "balance" if self.balancing else "none",
                 "staleness": AsyncFigures(
                     max_staleness=self.cfg.asynchronous.max_staleness,
                     staleness_histogram={str(k): v for k, v in sorted(self.staleness.items())},
