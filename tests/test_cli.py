@@ -142,6 +142,9 @@ def test_a_schedulers_name_over_the_default_preset_drops_the_presets_own_keys():
     assert load_config(["scheduler.name=max"]).scheduler.name == "max"
     with pytest.raises(ConfigError, match="'scheduler.path': only scheduler=learned takes this key"):
         load_config(["scheduler.name=max", "scheduler.path=x"])
+    # a built-in's name picks its preset, so its own keys are taken beside it
+    assert load_config(["trainer=sync", "scheduler.name=adapt", "scheduler.window=3"]).scheduler.window == 3
+    assert load_config(["trainer=sync", "backend.name=ray", "backend.num_cpus=0.5"]).backend.num_cpus == 0.5
 
 
 def test_yaml_defaults_match_the_dataclass_defaults():

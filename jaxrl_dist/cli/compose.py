@@ -24,6 +24,7 @@ from jaxrl_dist.config import (ENTRY_POINTS, SCHEMAS, Config, ConfigError, FUSED
                                from_dict, omegaconf_message, schema, to_dict, typed, unknown_key)
 from jaxrl_dist.registry import plugin_names
 
+NAMED_PRESETS = ("cost", "backend", "scheduler")  # groups whose `name` key names the preset
 # inside the package, so a plain (non-editable) install finds them from any directory
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # open mappings: their keys are the env maker's or a plugin's, not the schema's
@@ -91,15 +92,16 @@ def normalise(overrides: Sequence[str]) -> list:
     (the composed config is otherwise closed); write a whole number in exponent form
     (`algo.total_timesteps=1e6`) as an integer, which an integer key takes (OmegaConf
     takes no float there) and a float key reads the same; refuse the old `backend=fused`;
-    `cost.name=PRESET` loads that preset's prices as `cost=PRESET` does (the name alone
-    would label the default preset's prices)."""
+    `GROUP.name=PRESET` (cost, backend, scheduler) picks that preset as `GROUP=PRESET`
+    does: its prices, or its own keys (the name alone kept the default preset's)."""
     out = []
     for o in overrides:
         if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
             raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
         key, eq, value = o.partition("=")
-        if key == "cost.name" and value in presets("cost") and "cost" not in override_keys(overrides):
-            key, o = "cost", f"cost={value}"
+        group = key[:-len(".name")]
+        if group in NAMED_PRESETS and value in presets(group) and group not in override_keys(overrides):
+            key, o = group, f"{group}={value}"
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
                 and key[1:] not in known_keys() and not key[1:].startswith(OPEN):
             raise ConfigError(unknown_key(key[1:], known_keys()))  # `+` would add it to the typed config
