@@ -67,6 +67,7 @@ def test_wandb_gets_the_config_every_metric_and_the_summary(tmp_path):
             final.update({i.key: json.loads(i.value_json) for i in r.summary.update if i.key})
     assert final["final_return"] == pytest.approx(summary["final_return"])
     assert final["sps"] == pytest.approx(summary["sps"])
+    assert final["params_sha256"] == summary["params_sha256"] and final["env_id"] == summary["env_id"]
     check_hparams(run, lr=7e-4)
 
 

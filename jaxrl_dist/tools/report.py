@@ -131,7 +131,8 @@ def run_label(run: Run) -> str:
     """The directory name with the config's backend and scheduler, e.g. `a (local/fixed)`."""
     cfg = run.config or {}
     backend = (cfg.get("backend") or {}).get("name")
-    scheduler = (cfg.get("scheduler") or {}).get("name")
+    # what ran: the summary's (the async trainer's is its balancer, whatever the config's scheduler)
+    scheduler = (run.summary or {}).get("scheduler") or (cfg.get("scheduler") or {}).get("name")
     trainer = cfg.get("trainer")
     trainer = trainer.get("name") if isinstance(trainer, dict) else trainer
     if backend == "fused" or trainer == "fused":  # runs from before `trainer=` said `backend=fused`

@@ -70,8 +70,8 @@ class WandbTracker:
             self.run.log(numeric(line))
 
     def finish(self, summary: Optional[dict]) -> None:
-        if summary:
-            self.run.summary.update(numeric(summary))
+        if summary:  # all of it, as summary.json has it: the digest, the stop reason and the phases too
+            self.run.summary.update(dict(summary))
         self.run.finish()
 
 
