@@ -626,8 +626,18 @@ class Config:
         require(not ("algo.num_minibatches" in keys and self.algo.minibatch_size is not None),
                 f"algo.num_minibatches: ignored while algo.minibatch_size={self.algo.minibatch_size} is set; "
                 "set algo.minibatch_size=null to use it")
+        reads = SCHEDULER_READS.get(self.scheduler.name) if name == "sync" else None
+        for key in keys if reads is not None else ():
+            group, _, field = key.partition(".")
+            require(group != "scheduler" or field not in SCHEDULER_READS["fixed"] + SCHEDULER_READS["adapt"]
+                    or field in reads, f"{key}: scheduler={self.scheduler.name} does not read it (it reads "
+                    f"{', '.join(f'scheduler.{k}' for k in reads)}); drop the key")
 
 
+# the base scheduler keys each built-in reads (its own schema's keys aside); a plugin may read any
+SCHEDULER_READS = {"fixed": ("num_shards",), "max": ("max_shards",), "ramp": ("min_shards", "max_shards"),
+                   "adapt": ("min_shards", "max_shards", "min_return", "max_return"),
+                   "learned": ("max_shards", "min_return", "max_return")}
 RECURRENT_NETWORKS = ("gru", "lstm")  # `core.networks.RECURRENT`, named here without importing JAX
 # suites whose step resets an ended episode itself, which a recurrent policy's carry reset follows
 RECURRENT_SUITES_REFUSED = {"envpool": "envpool resets on the step after an episode's end"}

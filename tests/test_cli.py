@@ -171,6 +171,10 @@ def test_yaml_defaults_match_the_dataclass_defaults():
     (["trainer=sync", "asynchronous.max_staleness=2"], "asynchronous.max_staleness: trainer=sync"),
     (["algo.num_minibatches=7"], "algo.num_minibatches: ignored while algo.minibatch_size=128"),
     (["trainer=nope"], "unknown trainer preset 'nope'"),
+    (["scheduler=adapt", "scheduler.num_shards=8"], "scheduler.num_shards: scheduler=adapt does not read it"),
+    (["scheduler=fixed", "scheduler.max_shards=3"], "scheduler.max_shards: scheduler=fixed does not read it "
+                                                    "(it reads scheduler.num_shards)"),
+    (["scheduler.num_shards=8"], "scheduler.num_shards: scheduler=learned does not read it"),
 ])
 def test_a_key_the_chosen_trainer_ignores_is_one_line(overrides, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
