@@ -49,8 +49,11 @@ def assert_phases_add_up(recs: list, wall_key: str = "round_s", names=ROUND_PHAS
 
 
 def test_a_rounds_phases_add_up_to_its_wall_and_the_start_up_is_apart(tmp_path):
-    summary = train(config(tmp_path))
+    summary = train(config(tmp_path), launch_s=2.0)  # as if the process had started 2 s before
     recs = records(tmp_path)
+    # the measured clock counts from the process's start, as wall_seconds does
+    assert summary["phase_seconds"]["startup_launch"] == 2.0
+    assert summary["startup_seconds"] < recs[0]["cum_wall_s"] < recs[-1]["cum_wall_s"] <= summary["wall_seconds"]
     assert len(recs) == 12
     assert_phases_add_up(recs)
     assert {"schedule", "rollout", "learn", "record"} <= set(phases_of(recs[0]))

@@ -417,7 +417,7 @@ class AsyncTrainer(ShardTrainer):
         self.account = AsyncAccount(self.cfg.cost, self.cfg.backend.max_shards, int(self.state.round),
                                     modeled, usd,
                                     prewarm=range(first, top) if self.balancing else ())
-        self.clocks = Clocks(self.account, wall, t_start)
+        self.clocks = Clocks(self.account, wall, self.process_start(t_start))
         self._param_bytes = tree_bytes(self.state.train.params)
         self._last_update_t = time.perf_counter()
 

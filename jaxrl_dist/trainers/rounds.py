@@ -187,6 +187,10 @@ class ShardTrainer(abc.ABC):
         self.rounds_t0 = self.laps.t0  # when the first round started (`perf_counter`)
         self.launch_s = 0.0  # the process's seconds before `train()` (`train_rounds` sets it)
 
+    def process_start(self, t_start: Optional[float]) -> Optional[float]:
+        """The measured clock's origin: the process's start, `launch_s` before `train()`'s."""
+        return None if t_start is None else t_start - self.launch_s
+
     @abc.abstractmethod
     def expected_shards(self) -> float:
         """Shards (or chunks) an update is expected to learn from."""

@@ -137,7 +137,7 @@ class RoundTrainer(ShardTrainer):
         """The modeled clock and dollars, and the measured clock, continuing the checkpoint's."""
         modeled, usd, wall = (float(x) for x in self.state.clock)
         self.account = CostAccount(self.cfg.cost, self.cfg.backend.max_shards, modeled, usd)
-        self.clocks = Clocks(self.account, wall, t_start)
+        self.clocks = Clocks(self.account, wall, self.process_start(t_start))
         self._param_bytes = tree_bytes(self.state.train.params)
 
     def run(self, logger, history: list, t_start: Optional[float] = None) -> list:
