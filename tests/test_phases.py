@@ -67,6 +67,7 @@ def test_a_rounds_phases_add_up_to_its_wall_and_the_start_up_is_apart(tmp_path):
     assert after >= 0.95 * (sum(r["round_s"] for r in recs) + totals["finish"])
     assert summary["train_seconds"] == pytest.approx(after, rel=0.05)
     assert summary["sps"] == pytest.approx(summary["env_steps"] / summary["train_seconds"])
+    assert summary["shards_mean"] == pytest.approx(sum(r["num_shards"] for r in recs) / len(recs))
     # a record read back keeps its phases
     assert Record.from_json(recs[3]).phases == phases_of(recs[3])
 

@@ -259,6 +259,7 @@ class EventFile:
 SUMMARY_ROWS = (
     ("trainer", "trainer"), ("env_id", "env"), ("final_return", "final return"),
     ("total_env_steps", "env steps (all seeds)"), ("num_updates", "updates"), ("rounds", "rounds"),
+    ("shards_mean", "shards a round (mean)"),
     ("num_seeds", "seeds"), ("wall_seconds", "wall time (s)"), ("compile_seconds", "compile (s)"),
     ("startup_seconds", "start-up (s)"), ("train_seconds", "training (s)"),
     ("phase_seconds", "time by phase (s)"), ("checkpoint_seconds", "checkpoint writes (s)"),

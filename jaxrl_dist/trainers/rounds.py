@@ -326,7 +326,8 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         mesh=_mesh(cfg), processes=jax.process_count(), metadata=run_metadata(),
         rounds=RoundFigures(backend=cfg.backend.name, scheduler=own.pop("scheduler"), rounds=rounds,
                             retries=sum(rec.retries for rec in records),
-                            slot_resets=sum(rec.slot_resets for rec in records)),
+                            slot_resets=sum(rec.slot_resets for rec in records),
+                            shards_mean=float(np.mean([r.num_shards for r in records])) if records else None),
         cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return),
         phases=phase_figures(trainer.startup, t.records, trainer.tail, cfg.run.target_return), **own)
 

@@ -43,6 +43,7 @@ class RoundFigures(NamedTuple):
     rounds: int  # rounds (sync) or updates (async) done in all
     retries: int
     slot_resets: int
+    shards_mean: Optional[float]  # shards a round ran (sync) or chunks an update took (async), averaged
 
 
 class AsyncFigures(NamedTuple):
