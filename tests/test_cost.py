@@ -268,3 +268,19 @@ def test_cost_name_of_a_preset_loads_its_prices():
     assert by_name.cost == by_preset.cost and by_name.cost.name == "aws_lambda"
     assert by_name.cost.vcpu_second_usd != load_config([]).cost.vcpu_second_usd
     assert load_config(["cost.name=my_cloud"]).cost.name == "my_cloud"  # a name of one's own labels prices one sets
+
+
+def test_shard_seconds_share_a_batch_and_leave_this_process_s_compile_out():
+    """The local backend runs its shards as one jitted batch: each is billed a share of it,
+    and the compile of a new shard bucket inside it is not compute the model charges."""
+    from types import SimpleNamespace as NS
+
+    from jaxrl_dist.trainers.accounting import shard_seconds
+
+    batch = [NS(worker="w", timings=NS(started=1.0, finished=3.0, billed=2.0)) for _ in range(4)]
+    assert shard_seconds(batch) == [0.5] * 4
+    assert shard_seconds(batch, billed=True) == [0.5] * 4  # not 4 x the batch
+    assert shard_seconds(batch, less=1.2) == pytest.approx([0.2] * 4)
+    assert shard_seconds(batch, less=9.0) == [0.0] * 4
+    apart = [NS(worker=f"w{i}", timings=NS(started=0.0, finished=1.0 + i, billed=2.0)) for i in range(2)]
+    assert shard_seconds(apart) == [1.0, 2.0] and shard_seconds(apart, billed=True) == [2.0, 2.0]

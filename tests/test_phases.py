@@ -68,6 +68,8 @@ def test_a_rounds_phases_add_up_to_its_wall_and_the_start_up_is_apart(tmp_path):
     assert summary["train_seconds"] == pytest.approx(after, rel=0.05)
     assert summary["sps"] == pytest.approx(summary["env_steps"] / summary["train_seconds"])
     assert summary["shards_mean"] == pytest.approx(sum(r["num_shards"] for r in recs) / len(recs))
+    # each round says what this process compiled in it, which the modeled learner time leaves out
+    assert all(r["compile_s"] >= 0 and r["modeled_learn_s"] <= r["learn_s"] + 1e-9 for r in recs)
     # a record read back keeps its phases
     assert Record.from_json(recs[3]).phases == phases_of(recs[3])
 

@@ -44,15 +44,17 @@ def busy_seconds(shards) -> float:
     return best
 
 
-def shard_seconds(shards) -> list:
-    """Each shard's compute seconds for the cost model. Shards a worker ran as one
-    batch (the local backend's single jitted call: same worker, start and end)
-    share the batch's time, as if each had run alone on its own instance."""
+def shard_seconds(shards, less: float = 0.0, billed: bool = False) -> list:
+    """Each shard's compute seconds for the cost model (`billed`: the seconds its worker
+    billed). Shards a worker ran as one batch (the local backend's single jitted call:
+    same worker, start and end) share the batch's time, as if each had run alone on its
+    own instance. `less`: seconds taken off each batch first (this process's compile)."""
     span = lambda s: (s.worker, s.timings.started, s.timings.finished)  # noqa: E731
     count: dict = {}
     for s in shards:
         count[span(s)] = count.get(span(s), 0) + 1
-    return [(s.timings.finished - s.timings.started) / count[span(s)] for s in shards]
+    took = (lambda s: s.timings.billed) if billed else (lambda s: s.timings.finished - s.timings.started)
+    return [max(0.0, took(s) - less) / count[span(s)] for s in shards]
 
 
 def straggle(shards, b, seen, index: int) -> np.ndarray:

@@ -186,6 +186,7 @@ class ShardTrainer(abc.ABC):
         self.laps = Laps()  # the current round's stopwatch (restarted when start-up ends)
         self.rounds_t0 = self.laps.t0  # when the first round started (`perf_counter`)
         self.launch_s = 0.0  # the process's seconds before `train()` (`train_rounds` sets it)
+        self.compiles = CompileClock()  # this process's compile seconds (`train_rounds` gives its own)
 
     def process_start(self, t_start: Optional[float]) -> Optional[float]:
         """The measured clock's origin: the process's start, `launch_s` before `train()`'s."""
@@ -287,7 +288,7 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
     with CompileClock() as compiles:
         with status.showing(f"starting the {cfg.backend.name} backend", cfg.run.progress):
             trainer = trainer_cls(cfg, run_dir, resuming)
-        trainer.launch_s = launch_s
+        trainer.launch_s, trainer.compiles = launch_s, compiles
         start = int(trainer.state.round)
         history = truncate_records(run_dir / METRICS_FILE, start)
         done = steps_done(history, trainer.learner.steps_per_shard)

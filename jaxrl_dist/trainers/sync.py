@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, prepare, warm as warm_backend
+from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, capabilities, prepare, warm as warm_backend
 from jaxrl_dist.backends.shard import round_keys
 from jaxrl_dist.config import Config
 from jaxrl_dist.core import rng
@@ -72,7 +72,7 @@ def round_record(r: int, n: int, env_steps: int, result, metrics, learn_s: float
     durations = [s.timings.finished - s.timings.started for s in result.shards]
     st = result.stats
     detail = {"shard_s_min": min(durations), "shard_s_median": float(np.median(durations)),
-              "shard_s_max": max(durations), "billed_s": float(sum(s.timings.billed for s in result.shards)),
+              "shard_s_max": max(durations), "billed_s": float(sum(shard_seconds(result.shards, billed=True))),
               "dispatch_s": float(st.dispatch_s), "transfer_s": float(st.transfer_s),
               "wait_s": float(st.wait_s), "bytes_sent": int(st.bytes_sent),
               "bytes_received": int(st.bytes_received), "shard_compute_s": durations}
@@ -195,7 +195,9 @@ class RoundTrainer(ShardTrainer):
         cfg, learner = self.cfg, self.learner
         keys, learn_key = round_keys(cfg.seed, r, np.arange(bucket(n, cfg.backend.max_shards)))
         laps.lap("schedule")
+        compiled = [self.compiles.seconds]  # this process's compiles so far: a new shard bucket compiles
         result = self.backend.run_round(r, train.params, [ShardTask(s, keys[s]) for s in range(n)], table)
+        compiled.append(self.compiles.seconds)
         t = time.perf_counter()
         slow = straggle(result.shards, cfg.backend, seen, r)
         laps.split(backend_phases(result, time.perf_counter() - t))
@@ -203,11 +205,16 @@ class RoundTrainer(ShardTrainer):
         prepare(self.backend, list(range(n)), table)  # the next round's requests, beside the update
         metrics = jax.device_get(metrics)
         laps.lap("learn")
+        compiled.append(self.compiles.seconds)
         learn_s = laps.phases["learn"]
         env_steps += n * learner.steps_per_shard
         rec = round_record(r + 1, n, env_steps, result, metrics, learn_s, seen)
-        rc, cold = self.account.charge(n, shard_seconds(result.shards) * slow,
-                                       moved_bytes(result, n, self._param_bytes), learn_s)
+        # the modeled compute leaves this process's compiles out: it does not hang on the compile cache
+        in_rollout, in_learn = np.diff(compiled)
+        in_rollout = in_rollout if capabilities(self.backend).in_process else 0.0  # remote shards compile apart
+        rc, cold = self.account.charge(n, shard_seconds(result.shards, less=in_rollout) * slow,
+                                       moved_bytes(result, n, self._param_bytes), max(0.0, learn_s - in_learn))
+        rec = rec.replace(detail={**rec.detail, "compile_s": float(compiled[-1] - compiled[0])})
         seen.update(s.slot for s in result.shards)
         return train, rec.replace(cost=self.clocks.cost(rc, cold))
 
