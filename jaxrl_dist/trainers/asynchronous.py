@@ -519,7 +519,10 @@ class AsyncTrainer(ShardTrainer):
         dt = max(times["update"], 1e-9)
         detail = {"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
                   "dropped": len(item.dropped), "actors_active": self.balancer.active,
-                  "production_rate": len(taken) * steps / dt,  # env steps/s made since the last update
+                  # what the active actors make (each a chunk in its mean time), against what
+                  # the learner took: the balancer's comparison (taken counts would equal it)
+                  "production_rate": self.balancer.active * steps / max(float(np.mean([c.busy_s for c in taken])),
+                                                                        1e-9),
                   "consumption_rate": len(chunks) * steps / dt,  # env steps/s learned from
                   "chunks": [[c.slot, c.index, c.version] for c in taken],
                   # per chunk: the worker's compute, and the wait for it (the backend's, else the actor's)
