@@ -61,7 +61,8 @@ def unaffordable_note(run_cfg, cost_cfg, reason: str, n: int, estimate: tuple) -
     and what one round was estimated to need."""
     seconds, usd = estimate
     need = f"${usd:.3g}" if reason == "budget_usd" else f"{seconds:.3g} modeled s"
-    return (f"run.{reason}={getattr(run_cfg, reason)} does not pay for one round: {n} shards under "
+    verb = "pay for" if reason == "budget_usd" else "leave time for"
+    return (f"run.{reason}={getattr(run_cfg, reason)} does not {verb} one round: {n} shards under "
             f"cost={cost_cfg.name} are estimated at {need}; nothing was trained")
 
 
