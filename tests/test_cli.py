@@ -255,3 +255,16 @@ def test_an_env_id_gets_the_defaults_that_fit_it(env_id, preset, target):
     # an explicit preset, or a sweep of ids, is left as the user wrote it
     assert task_preset(["env=pong", f"env.id={env_id}"]) == ["env=pong", f"env.id={env_id}"]
     assert task_preset([f"env.id={env_id},CartPole-v1"]) == [f"env.id={env_id},CartPole-v1"]
+
+
+def test_a_parts_name_picks_its_preset_only_where_one_has_that_name():
+    """`GROUP.name=PRESET` (one value or a sweep of them) is `GROUP=PRESET`; other keys of the
+    group, and a name no preset has (a plugin's), stay as given."""
+    from jaxrl_dist.cli.compose import normalise
+
+    given = ["scheduler.name=adapt", "cost.name=aws_lambda", "backend.name=fixed,ray", "scheduler.step=adapt",
+             "backend.name=marked", "cost.kind=cluster"]
+    assert normalise(given) == ["scheduler=adapt", "cost=aws_lambda", "backend.name=fixed,ray",
+                                "scheduler.step=adapt", "backend.name=marked", "cost.kind=cluster"]
+    assert normalise(["scheduler.name=fixed,adapt"]) == ["scheduler=fixed,adapt"]
+    assert normalise(["scheduler=ramp", "scheduler.name=adapt"]) == ["scheduler=ramp", "scheduler.name=adapt"]

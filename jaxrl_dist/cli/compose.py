@@ -99,8 +99,9 @@ def normalise(overrides: Sequence[str]) -> list:
         if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
             raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
         key, eq, value = o.partition("=")
-        group = key[:-len(".name")]
-        if group in NAMED_PRESETS and value in presets(group) and group not in override_keys(overrides):
+        group = key[:-len(".name")] if key.endswith(".name") else None
+        if group in NAMED_PRESETS and value and all(v in presets(group) for v in value.split(",")) \
+                and group not in override_keys(overrides):  # a sweep of them too: a,b
             key, o = group, f"{group}={value}"
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
                 and key[1:] not in known_keys() and not key[1:].startswith(OPEN):
