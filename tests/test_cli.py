@@ -268,3 +268,21 @@ def test_a_parts_name_picks_its_preset_only_where_one_has_that_name():
                                 "scheduler.step=adapt", "backend.name=marked", "cost.kind=cluster"]
     assert normalise(["scheduler.name=fixed,adapt"]) == ["scheduler=fixed,adapt"]
     assert normalise(["scheduler=ramp", "scheduler.name=adapt"]) == ["scheduler=ramp", "scheduler.name=adapt"]
+
+
+def test_hydra_s_flags_see_the_config_that_would_train(capsys):
+    """`--cfg job` composes what a run would (a part's name picks its preset); `-m` beside it,
+    two run directories, a misspelt cost preset under `cost.name`: one line each."""
+    from jaxrl_dist import cli
+
+    assert cli.main(["train", "--cfg", "job", "cost.name=aws_lambda"]) == 0
+    assert "vcpu_second_usd: 0.0" in capsys.readouterr().out  # Lambda's, not the default preset's
+    cases = [(["-m", "seed=1,2", "--cfg", "job"], "error: -m with --cfg: Hydra takes one of"),
+             (["hydra.run.dir=a", "run.dir=b"], "error: run.dir=b and hydra.run.dir=a: two directories"),
+             (["cost.name=aws_lamda"], "error: cost.name=aws_lamda: no such cost preset (did you mean 'aws_lambda'?)")]
+    for args, line in cases:
+        assert cli.main(["train", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(line), err
+    assert cli.main(["train", "--version"]) == 0
+    assert capsys.readouterr().out.startswith("jaxrl-dist ")

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.config import (ENTRY_POINTS, SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
-                               from_dict, omegaconf_message, schema, to_dict, typed, unknown_key)
+                               from_dict, omegaconf_message, require, schema, to_dict, typed, unknown_key)
 from jaxrl_dist.registry import plugin_names
 
 NAMED_PRESETS = ("cost", "backend", "scheduler")  # groups whose `name` key names the preset
@@ -103,6 +103,10 @@ def normalise(overrides: Sequence[str]) -> list:
         if group in NAMED_PRESETS and value and all(v in presets(group) for v in value.split(",")) \
                 and group not in override_keys(overrides):  # a sweep of them too: a,b
             key, o = group, f"{group}={value}"
+        elif group == "cost" and not any(k.startswith("cost.") and k != key for k in override_keys(overrides)):
+            near = did_you_mean(value, presets("cost"), 0.8)  # a label of one's own sets prices beside it
+            require(not near, f"cost.name={value}: no such cost preset{near}; a name of your own labels the "
+                    "prices you set beside it (cost.vcpu_second_usd=...)")
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \
                 and key[1:] not in known_keys() and not key[1:].startswith(OPEN):
             raise ConfigError(unknown_key(key[1:], known_keys()))  # `+` would add it to the typed config

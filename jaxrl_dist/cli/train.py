@@ -30,6 +30,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+import jaxrl_dist
 from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
                                     override_keys, presets, store_schemas, task_preset, unknown_preset)
@@ -330,6 +331,8 @@ def _implied(overrides: Sequence[str], multirun: bool) -> list:
         out += [f"hydra.run.dir={given['run.resume']}", "hydra.output_subdir=.hydra/resumed"]
     elif given.get("run.dir") not in (None, "null"):
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        require(given.get(key, given["run.dir"]) == given["run.dir"], f"run.dir={given['run.dir']} and "
+                f"{key}={given.get(key)}: two directories for one run; give one of them")
         out += [] if key in keys else [f"{key}={given['run.dir']}"]
     if given.get("hydra/launcher") == "ray" and not any(k.startswith("hydra.launcher.ray.init") for k in keys):
         out += [f"+hydra.launcher.ray.init._node_ip_address={RAY_LOOPBACK_IP}",
@@ -438,10 +441,15 @@ def main(argv: Sequence[str]) -> int:
         print(OmegaConf.to_yaml(to_dict(load_config(users, dirs))), end="")
         return 0
     try:
+        if "--version" in flags:
+            print(f"jaxrl-dist {jaxrl_dist.__version__} (Hydra {hydra.__version__})")
+            return 0
         if any(f in _INFO_FLAGS for f in flags):
-            if os.environ.get("COMP_LINE") and not _complete_after_train():
-                return 0  # a word Hydra does not complete: the shell's own (file names)
-            return _hydra(flags + users)
+            if os.environ.get("COMP_LINE"):  # the shell's words, as typed
+                return _hydra(flags + users) if _complete_after_train() else 0
+            require(not multirun, f"-m with {next(f for f in flags if f in _INFO_FLAGS)}: Hydra takes one of "
+                    "--multirun, --cfg, --info and --shell-completion at a time; drop -m to see one run's")
+            return _hydra(flags + normalise(users))  # the config that would train
         chosen = dirs or any(o.startswith("hydra/sweeper=") for o in users)  # a sweeper, or a config dir's
         _check_sweep_overrides(users, multirun, basic=not chosen)
         if "backend.token" in override_keys(users):
