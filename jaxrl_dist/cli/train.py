@@ -411,8 +411,8 @@ def _hydra(argv: Sequence[str]) -> int:
     except ValueError as err:  # Optuna's study asked for its best trial where none completed
         if "No trials are completed yet" not in str(err):
             raise
-        print("error: hydra/sweeper=optuna: no trial completed (each job's line above says why; a run "
-              "in which no episode ended has no objective), so there is no best trial", file=sys.stderr)
+        print("error: hydra/sweeper=optuna: no trial completed, so there is no best trial: each job failed "
+              "(its line above) or ended no episode (final return -: no objective; train longer)", file=sys.stderr)
         return (_failures() or [1])[0]
     finally:  # Hydra set up logging for the run; a caller in this process gets its own back
         sys.argv = saved
