@@ -133,3 +133,13 @@ def test_ctrl_c_on_a_vmap_sweep_leaves_each_job_what_a_job_writes(tmp_path):
         assert saved_steps(job)
         assert (job / ".hydra" / "config.yaml").is_file() and (job / "train.log").is_file()
         assert "interrupted in a group; continue with run.resume=" in (job / "train.log").read_text()
+
+
+def test_ctrl_c_on_a_basic_multirun_says_its_later_jobs_did_not_run(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "trainer=fused", "seed=0,1", "algo.total_timesteps=307200", f"run.dir={sweep}",
+            "run.progress=false", "run.tensorboard=false"]
+    out = interrupt_after_first_records(args, sweep / "0" / "metrics.jsonl")
+    assert out.returncode == 130, out.stderr[-2000:]
+    assert "; the multirun stops here: its later jobs did not run" in out.stderr
+    assert saved_steps(sweep / "0") and not (sweep / "1").exists()

@@ -244,7 +244,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise JobFailed(f"error: {config.env.id}: {one_line(err)}", EXIT_NO_LEGAL_ACTION) from None
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
         LOG.info("%s", err)
-        print(err, file=sys.stderr, flush=True)
+        later = "; the multirun stops here: its later jobs did not run" if multirun else ""
+        print(f"{err}{later}", file=sys.stderr, flush=True)
         if isinstance(err, StoppedAtOnce):
             exit_now(EXIT_INTERRUPTED)
         raise SystemExit(EXIT_INTERRUPTED) from None
