@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,7 +31,6 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import jaxrl_dist
 from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
                                     override_keys, presets, store_schemas, task_preset, unknown_preset)
@@ -443,7 +443,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     try:
         if "--version" in flags:
-            print(f"jaxrl-dist {jaxrl_dist.__version__} (Hydra {hydra.__version__})")
+            print(f"jaxrl-dist {version('jaxrl-dist')} (Hydra {hydra.__version__})")
             return 0
         if any(f in _INFO_FLAGS for f in flags):
             if os.environ.get("COMP_LINE"):  # the shell's words, as typed
