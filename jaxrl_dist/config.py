@@ -626,11 +626,17 @@ class Config:
         require(not ("algo.num_minibatches" in keys and self.algo.minibatch_size is not None),
                 f"algo.num_minibatches: ignored while algo.minibatch_size={self.algo.minibatch_size} is set; "
                 "set algo.minibatch_size=null to use it")
-        reads = SCHEDULER_READS.get(self.scheduler.name) if name == "sync" else None
-        for key in keys if reads is not None else ():
+        if name == "sync" and self.scheduler.name in SCHEDULER_READS:
+            self._check_scheduler_keys(keys)
+
+    def _check_scheduler_keys(self, keys: Sequence[str]) -> None:
+        """A base scheduler key the user set that the chosen built-in scheduler does not read."""
+        name, reads = self.scheduler.name, SCHEDULER_READS[self.scheduler.name]
+        base = {f.name for f in dataclasses.fields(SchedulerConfig)} - {"name", "options"}
+        for key in keys:
             group, _, field = key.partition(".")
-            require(group != "scheduler" or field not in SCHEDULER_READS["fixed"] + SCHEDULER_READS["adapt"]
-                    or field in reads, f"{key}: scheduler={self.scheduler.name} does not read it (it reads "
+            require(group != "scheduler" or field not in base or field in reads,
+                    f"{key}: scheduler={name} does not read it (it reads "
                     f"{', '.join(f'scheduler.{k}' for k in reads)}); drop the key")
 
 
@@ -737,7 +743,7 @@ def from_omegaconf(node) -> "Config":
     obj = OmegaConf.to_object(node)
     if isinstance(obj, dict):  # Hydra's root node is a plain mapping of typed parts
         obj = Config(**{f.name: obj[f.name] for f in dataclasses.fields(Config)})
-    return _tuples(obj)
+    return obj  # `Config.__post_init__` made its lists tuples again
 
 
 def from_job(node, used_keys: Sequence[str] = ()) -> "Config":

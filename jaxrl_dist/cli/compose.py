@@ -94,17 +94,18 @@ def normalise(overrides: Sequence[str]) -> list:
     takes no float there) and a float key reads the same; refuse the old `backend=fused`;
     `GROUP.name=PRESET` (cost, backend, scheduler) picks that preset as `GROUP=PRESET`
     does: its prices, or its own keys (the name alone kept the default preset's)."""
-    out = []
+    out, keys = [], override_keys(overrides)
     for o in overrides:
         if o.replace(" ", "") in ("backend=fused", "backend.name=fused"):
             raise ConfigError(f"{o}: {FUSED_IS_A_TRAINER}")
         key, eq, value = o.partition("=")
         group = key[:-len(".name")] if key.endswith(".name") else None
-        if group in NAMED_PRESETS and value and all(v in presets(group) for v in value.split(",")) \
-                and group not in override_keys(overrides):  # a sweep of them too: a,b
+        choices = presets(group) if group in NAMED_PRESETS else ()
+        if choices and value and all(v in choices for v in value.split(",")) \
+                and group not in keys:  # a sweep of them too: a,b
             key, o = group, f"{group}={value}"
-        elif group == "cost" and not any(k.startswith("cost.") and k != key for k in override_keys(overrides)):
-            near = did_you_mean(value, presets("cost"), 0.8)  # a label of one's own sets prices beside it
+        elif group == "cost" and not any(k.startswith("cost.") and k != key for k in keys):
+            near = did_you_mean(value, choices, 0.8)  # a label of one's own sets prices beside it
             require(not near, f"cost.name={value}: no such cost preset{near}; a name of your own labels the "
                     "prices you set beside it (cost.vcpu_second_usd=...)")
         if key.startswith("+") and not key.startswith(("++", "+hydra")) and "/" not in key \

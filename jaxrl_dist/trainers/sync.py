@@ -215,9 +215,9 @@ class RoundTrainer(ShardTrainer):
         in_rollout = in_rollout if capabilities(self.backend).in_process else 0.0  # remote shards compile apart
         rc, cold = self.account.charge(n, shard_seconds(result.shards, less=in_rollout) * slow,
                                        moved_bytes(result, n, self._param_bytes), max(0.0, learn_s - in_learn))
-        rec = rec.replace(detail={**rec.detail, "compile_s": float(compiled[-1] - compiled[0])})
         seen.update(s.slot for s in result.shards)
-        return train, rec.replace(cost=self.clocks.cost(rc, cold))
+        return train, rec.replace(detail={**rec.detail, "compile_s": float(compiled[-1] - compiled[0])},
+                                  cost=self.clocks.cost(rc, cold))
 
     def figures(self) -> dict:
         return {"scheduler": self.cfg.scheduler.name, "stop_note": self.stop_note}
