@@ -93,12 +93,15 @@ class Laps:
         self.t = now
         return now
 
-    def split(self, parts: dict) -> None:
-        """Close the lap as `parts` (seconds by phase) measured inside it: what the parts
-        miss is charged to no phase, so it shows as a gap against the wall."""
-        self.t = time.perf_counter()
+    def split(self, parts: dict, rest: str) -> None:
+        """Close the lap as `parts` (seconds by phase) measured inside it, the time they
+        miss (the caller's own bookkeeping, a pause of the process) charged to `rest`,
+        so that the phases still add up to the wall."""
+        now = time.perf_counter()
+        parts = {**parts, rest: parts.get(rest, 0.0) + max(0.0, now - self.t - sum(parts.values()))}
         for k, v in parts.items():
             self.phases[k] = self.phases.get(k, 0.0) + v
+        self.t = now
 
     def take(self) -> tuple:
         """`(phases, wall)` since the last `take` (or the start); starts the next stretch."""

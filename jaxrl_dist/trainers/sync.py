@@ -201,7 +201,7 @@ class RoundTrainer(ShardTrainer):
         compiled.append(self.compiles.seconds)
         t = time.perf_counter()
         slow = straggle(result.shards, cfg.backend, seen, r)
-        laps.split(backend_phases(result, time.perf_counter() - t))
+        laps.split(backend_phases(result, time.perf_counter() - t), rest="wait")
         train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
         prepare(self.backend, list(range(n)), table)  # the next round's requests, beside the update
         metrics = jax.device_get(metrics)
