@@ -134,6 +134,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(finished_run, 
     name, whole, summary = finished_run
     run_dir = tmp_path / "run"
     shutil.copytree(whole, run_dir)  # its config.yaml names `whole`: a resume takes its own dir
+    (run_dir / "summary.json").unlink()  # as if killed after its last checkpoint: a finished run is not resumed
     steps = finished_steps(run_dir)
     newest, previous = steps[-1], steps[-2]
     damage(run_dir / "checkpoints" / str(newest), kind)
@@ -165,6 +166,10 @@ def _bad_inputs(root: Path) -> list:
     (root / "file").write_text("not a directory")
     (root / "saved").mkdir()
     checkpoint.save_run_config(root / "saved", to_dict(from_dict({"trainer": "fused"})))
+    shutil.copytree(root / "saved", root / "finished")  # its last update checkpointed, its summary written
+    (root / "finished" / checkpoint.CHECKPOINT_SUBDIR / "30").mkdir(parents=True)
+    (root / "finished" / "summary.json").write_text(json.dumps({"num_updates": 30, "env_steps": 1920,
+                                                                "stop_reason": "total_timesteps"}))
     cases = [([f"run.resume={root / n}"], str(root / n / "config.yaml")) for n in ("notyaml", "list", "unknown")]
     cases += [([f"run.dir={root / 'file'}"], str(root / "file")),
               ([f"run.dir={root / 'file' / 'sub'}"], str(root / "file" / "sub")),
@@ -176,6 +181,8 @@ def _bad_inputs(root: Path) -> list:
               # a resumed run trains its saved config: a key beside run.resume is not dropped silently
               ([f"run.resume={root / 'saved'}", "algo.lr=0.1"], "algo.lr: run.resume="),
               ([f"run.resume={root / 'saved'}", f"run.dir={root / 'other'}"], "a resumed run stays in its own"),
+              # a finished run: a resume would train nothing and write a summary of nothing over its own
+              ([f"run.resume={root / 'finished'}"], "that run has finished (stopped by total_timesteps after 1,920"),
               # a misspelt plugin name, before a run dir is written
               ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)"),
               ([f"run.dir={root / 'learned'}", "trainer=sync", "scheduler=learned", "scheduler.max_shards=31"],

@@ -102,11 +102,10 @@ def _check_resumed(config: Config, keys: Sequence[str]) -> None:
 
 def _check_run_dir(config: Config, run_dir: Optional[str]) -> None:
     """A new run's directory is writable and holds no run yet; a resumed run's loads."""
-    from jaxrl_dist.trainers.rundir import check_fresh, check_usable, checkpoint  # imports JAX
+    from jaxrl_dist.trainers.rundir import check_fresh, check_resumable, check_usable  # imports JAX
 
     if config.run.resume:
-        checkpoint.load_run_config(config.run.resume)
-        check_usable(config.run.resume, "run.resume")
+        check_resumable(config.run.resume)
     elif run_dir:
         check_usable(run_dir)
         if not config.trainer.distributed.process_id:  # the others join process 0's run

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import json
 import os
 import resource
 import sys
@@ -187,6 +188,27 @@ def check_usable(run_dir, key: str = "run.dir") -> None:
         raise ConfigError(f"{key}: cannot write a run in {path} ({err.strerror or err})") from None
 
 
+def check_resumable(run_dir) -> Config:
+    """The config saved in `run_dir`, a run `run.resume` can continue: not one that has
+    finished (its `summary.json` written and its last update checkpointed), which a resume
+    would train no further while writing a summary of nothing over its own. `ConfigError`
+    naming `run.resume` otherwise."""
+    saved = checkpoint.load_run_config(run_dir)
+    check_usable(run_dir, "run.resume")
+    try:
+        done = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+        finished = max(checkpoint.saved_steps(run_dir), default=-1) >= int(done["num_updates"])
+    except (OSError, ValueError, KeyError, TypeError):  # no summary (killed or stopped early), or a damaged one
+        return saved
+    if finished:
+        steps = done.get("env_steps")
+        why = f"stopped by {done.get('stop_reason') or 'algo.total_timesteps'}" + (
+            f" after {steps:,} env steps" if isinstance(steps, int) else "")
+        raise ConfigError(f"run.resume={run_dir}: that run has finished ({why}); a resumed run trains the config "
+                          "saved with it, so there is nothing to continue: start a new run (another run.dir)")
+    return saved
+
+
 def writable_file(path, flag: str) -> Path:
     """`path`, checked to be a file this process can write (its folder made), before the
     work whose result goes there; `ConfigError` naming `flag` and the path otherwise."""
@@ -212,8 +234,7 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     resuming = bool(cfg.run.resume)
     if resuming:
         run_dir = Path(cfg.run.resume)
-        saved = checkpoint.load_run_config(run_dir)
-        check_usable(run_dir, "run.resume")
+        saved = check_resumable(run_dir)
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   **{key: getattr(cfg.run, key) for key in RESUMED})
         cfg = dataclasses.replace(saved, run=run)
@@ -244,8 +265,6 @@ def open_logs(cfg: Config, run_dir: Path, total_steps: int, done_steps: int, his
 def finish_run(run_dir: Path, summary, tracker=None, show: bool = True) -> None:
     """Write `summary.json` from the run's `RunSummary`, hand it to the tracker, print
     the table (`show`)."""
-    import json
-
     flat = summary.to_json()
     (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(flat, indent=2) + "\n")
     if tracker is not None:
