@@ -544,6 +544,9 @@ MEMBER = ("seed", "num_seeds")
 # the `run` keys a resumed run takes from its caller (they cannot change results); every
 # other key comes from the config saved in its directory
 RESUMED = ("progress", "compile_cache")
+# and the backend keys it takes when its backend is the saved one's: where the actors are
+# and how to reach them (instances that came back at new addresses), not what they compute
+RESUMED_BACKEND = ("urls", "token", "token_file", "address")
 
 
 def key_kind(key: str) -> str:

@@ -318,8 +318,9 @@ def test_dead_and_hung_endpoints_are_retried_elsewhere(server, tmp_path, local_d
 @pytest.mark.slow
 def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     """Kill the only function mid-run: the run stops with one line after its
-    retries, its last checkpoint is intact, and resuming it against a new
-    instance ends with the very parameters an uninterrupted run gets."""
+    retries (left in FAILED), its last checkpoint is intact, and resuming it against a
+    new instance at a new address ends with the very parameters an uninterrupted run
+    gets (and no FAILED)."""
     from jaxrl_dist.trainers.runner import train
     from test_cli import command
 
@@ -345,14 +346,16 @@ def test_every_endpoint_down_stops_cleanly_and_resumes(tmp_path):
     assert line.startswith("error: shard slot") and f"run.resume={run_dir}" in line
     steps = saved_steps(run_dir)
     assert steps and steps[-1] >= 4 and steps[-1] % 2 == 0 and steps[-1] < 100
+    assert (run_dir / "FAILED").read_text().startswith("3 error: shard slot")
 
-    live = Server(port=port)
+    live = Server(port=free_port())  # the instance came back elsewhere
     try:
-        out = subprocess.run(command() + ["train", f"run.resume={run_dir}", "run.progress=false"],
-                             capture_output=True, text=True, timeout=300, env=env)
+        out = subprocess.run(command() + ["train", f"run.resume={run_dir}", f"backend.urls=[{live.url}]",
+                                          "run.progress=false"], capture_output=True, text=True, timeout=300, env=env)
     finally:
         live.stop()
     assert out.returncode == 0, out.stderr
+    assert not (run_dir / "FAILED").exists()
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["rounds"] == 100 and resumed["resumed_at_update"] == steps[-1]
 

@@ -154,6 +154,23 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one(finished_run, 
     assert checkpoint.manifest_problem(run_dir / "checkpoints" / str(newest)) is None
 
 
+def test_a_resumed_run_takes_the_new_addresses_of_its_actors(tmp_path):
+    """Instances that came back elsewhere: `backend.urls` beside `run.resume` composes
+    against the saved run's backend and replaces its endpoints, nothing else."""
+    from jaxrl_dist.cli.compose import load_config
+    from jaxrl_dist.trainers.rundir import prepare_run
+
+    saved = from_dict({"trainer": "sync", "backend": {"name": "http", "urls": ["http://127.0.0.1:9"],
+                                                      "max_retries": 5}})
+    checkpoint.save_run_config(tmp_path, to_dict(saved))
+    given = load_config([f"run.resume={tmp_path}", "backend.urls=[http://127.0.0.1:10,http://127.0.0.1:11]"])
+    resumed, _, resuming = prepare_run(given)
+    assert resuming and resumed.backend.urls == ["http://127.0.0.1:10", "http://127.0.0.1:11"]
+    assert to_dict(resumed)["backend"] == {**to_dict(saved)["backend"], "urls": resumed.backend.urls}
+    # a resume that names no backend key keeps the saved one whole
+    assert prepare_run(load_config([f"run.resume={tmp_path}"]))[0].backend == saved.backend
+
+
 # --- bad config.yaml, run dir, URL: exit 2, one line, before anything compiles --------------
 
 

@@ -8,6 +8,7 @@ presets and set values.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Sequence
@@ -20,7 +21,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from jaxrl_dist.config import (ENTRY_POINTS, SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
+from jaxrl_dist.config import (ENTRY_POINTS, RESUMED_BACKEND, SCHEMAS, Config, ConfigError, FUSED_IS_A_TRAINER, config_keys, did_you_mean,
                                from_dict, omegaconf_message, require, schema, to_dict, typed, unknown_key)
 from jaxrl_dist.registry import plugin_names
 
@@ -124,6 +125,32 @@ def _whole(number: re.Match) -> str:
     return str(int(float(number[0]))) if float(number[0]).is_integer() else number[0]
 
 
+def saved_backend(run_dir: str) -> dict:
+    """The `backend` mapping of the config saved in `run_dir` ({} when it cannot be read:
+    the resumed run's own check names the file)."""
+    try:
+        return dict((yaml.safe_load((Path(run_dir) / "config.yaml").read_text()) or {}).get("backend") or {})
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return {}
+
+
+def resumed_backend(overrides: Sequence[str]) -> list:
+    """`overrides` of a `run.resume` that sets a backend key of `RESUMED_BACKEND` (new
+    endpoints, a token file, a cluster address), with the saved run's backend preset and
+    its saved values of the keys not given, so that they compose and check against the
+    backend the run trains with (the default preset may not take them)."""
+    keys = override_keys(overrides)
+    given = dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o)
+    if not given.get("run.resume") or "backend" in keys or not any(k.startswith("backend.") for k in keys):
+        return list(overrides)
+    saved = saved_backend(given["run.resume"])
+    if saved.get("name") not in presets("backend"):
+        return list(overrides)
+    kept = [f"backend.{k}={json.dumps(saved[k])}" for k in RESUMED_BACKEND
+            if saved.get(k) not in (None, []) and f"backend.{k}" not in keys]
+    return [f"backend={saved['name']}", *kept, *overrides]
+
+
 def task_preset(overrides: Sequence[str]) -> list:
     """`overrides` with the env preset that fits an `env.id=X` given without `env=`: the
     packaged preset of X, else `env=auto_<family>` by X's spaces and suite
@@ -204,7 +231,7 @@ def compose(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> dict:
              ] if config_dirs else []
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="jaxrl-dist"):
-            cfg = hydra_compose("config", overrides=normalise(task_preset(overrides)) + extra)
+            cfg = hydra_compose("config", overrides=normalise(task_preset(resumed_backend(overrides))) + extra)
         return OmegaConf.to_container(cfg, resolve=True)
     except COMPOSE_ERRORS as err:
         raise ConfigError(hydra_message(err, config_dirs)) from None

@@ -33,8 +33,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
-                                    override_keys, presets, store_schemas, task_preset, unknown_preset)
-from jaxrl_dist.config import (RESUMED, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
+                                    override_keys, presets, resumed_backend, saved_backend, store_schemas, task_preset,
+                                    unknown_preset)
+from jaxrl_dist.config import (RESUMED, RESUMED_BACKEND, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
                                distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
@@ -90,10 +91,14 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
 def _check_resumed(config: Config, keys: Sequence[str]) -> None:
     """A resumed run trains the config saved in its directory: a key set beside
     `run.resume` that it would not read is an error naming it, not silently dropped."""
-    taken = " and ".join(f"run.{key}" for key in RESUMED)
+    taken = " and ".join(f"run.{key}" for key in RESUMED) + ", and where its actors are: " + ", ".join(
+        f"backend.{key}" for key in RESUMED_BACKEND if key != "token")  # the command line takes no token
+    backend = saved_backend(config.run.resume).get("name")
     for key in keys:
         if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMED_KEYS):
             continue
+        if config.backend.name == backend and (key == "backend" or key in (f"backend.{k}" for k in RESUMED_BACKEND)):
+            continue  # the saved backend's, at its new addresses
         raise ConfigError(f"{key}: run.resume={config.run.resume} continues with the config saved in that "
                           f"directory; drop the key (a resumed run takes only {taken})")
     require(not config.run.dir or Path(config.run.dir).resolve() == Path(config.run.resume).resolve(),
@@ -273,15 +278,18 @@ def _reported(run) -> float:
     """`run()`'s objective; a `JobFailed` printed with the job's overrides, left in
     `RUN_DIR/FAILED_FILE`, and NaN (which the Optuna sweeper counts as a failed trial)."""
     hc = HydraConfig.get()
+    failed = Path(hc.runtime.output_dir) / FAILED_FILE
     try:
-        return run()
+        objective = run()
     except JobFailed as err:
         LOG.info("failed: %s", err)
         _state["failed"].append(err.code)
-        (Path(hc.runtime.output_dir) / FAILED_FILE).write_text(f"{err.code} {err}\n")
+        failed.write_text(f"{err.code} {err}\n")
         where = f" [job {hc.job.num}: {' '.join(hc.overrides.task)}]" if hc.mode == RunMode.MULTIRUN else ""
         print(f"{err}{where}", file=sys.stderr, flush=True)
         return math.nan
+    failed.unlink(missing_ok=True)  # a failed run resumed to its end has not failed
+    return objective
 
 
 def trained(summary: Optional[dict], failure: Optional[str] = None):
@@ -457,7 +465,7 @@ def main(argv: Sequence[str]) -> int:
                               "in .hydra/ and the shell's history); set $JAXRL_DIST_TOKEN or backend.token_file=PATH")
         _join(users)
         with status.showing("checking the config", True):  # taken down once Check has run
-            overrides = normalise(task_preset(users))
+            overrides = normalise(task_preset(resumed_backend(users)))
             return _hydra(flags + overrides + _implied(overrides, multirun))
     except ConfigError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)

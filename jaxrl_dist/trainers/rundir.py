@@ -17,7 +17,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.config import RESUMED, Config, ConfigError, to_dict, without_secrets
+from jaxrl_dist.config import RESUMED, RESUMED_BACKEND, Config, ConfigError, to_dict, without_secrets
 from jaxrl_dist.platform import cpu_model
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
@@ -188,6 +188,15 @@ def check_usable(run_dir, key: str = "run.dir") -> None:
         raise ConfigError(f"{key}: cannot write a run in {path} ({err.strerror or err})") from None
 
 
+def _resumed_backend(saved, given):
+    """The saved backend config with the `RESUMED_BACKEND` keys `given` sets (when it is the
+    same backend): the endpoints, tokens or cluster address the actors are at now."""
+    if given.name != saved.name:
+        return saved
+    return dataclasses.replace(saved, **{key: getattr(given, key) for key in RESUMED_BACKEND
+                                         if hasattr(saved, key) and getattr(given, key) not in (None, [], ())})
+
+
 def check_resumable(run_dir) -> Config:
     """The config saved in `run_dir`, a run `run.resume` can continue: not one that has
     finished (its `summary.json` written and its last update checkpointed), which a resume
@@ -226,7 +235,8 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     """Resolve the run directory and, for `run.resume`, the saved config.
 
     A resumed run takes its directory's `config.yaml`; only the `run` keys of
-    `config.RESUMED` (which cannot change results) come from `cfg`. A fresh run's
+    `config.RESUMED` (which cannot change results) come from `cfg`, and those of
+    `config.RESUMED_BACKEND` set there when its backend is the saved one. A fresh run's
     config is saved there (`config.yaml`), by the first process of a multi-process run.
     With `run.compile_cache`, JAX's persistent compile cache is on from here, for a job
     alone and for each job of a group alike. Returns `(cfg, run_dir, resuming)`.
@@ -237,7 +247,7 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
         saved = check_resumable(run_dir)
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   **{key: getattr(cfg.run, key) for key in RESUMED})
-        cfg = dataclasses.replace(saved, run=run)
+        cfg = dataclasses.replace(saved, run=run, backend=_resumed_backend(saved.backend, cfg.backend))
     else:
         run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
         check_usable(run_dir)
