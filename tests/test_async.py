@@ -121,6 +121,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
     resumed = json.loads((run_dir / "summary.json").read_text())
     assert resumed["resumed_at_update"] == steps[-1] and resumed["rounds"] == whole["rounds"] == 20
     assert resumed["params_sha256"] == whole["params_sha256"]
+    # the summary counts the whole run's chunks, not only the resumed process's
+    assert resumed["staleness_histogram"] == whole["staleness_histogram"] == {"0": 80}
+    assert resumed["dropped_chunks"] == whole["dropped_chunks"] == 0
     assert_every_chunk_once(records(run_dir))
 
 

@@ -4,6 +4,7 @@ abort from a compile still running in a thread."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -80,6 +81,12 @@ def test_an_async_updates_phases_add_up_to_its_learner_loop(tmp_path):
     recs = records(tmp_path)
     assert_phases_add_up(recs, "loop_s", ASYNC_PHASES)
     assert {f"startup_{k}" for k in STARTUP_PHASES} <= set(summary["phase_seconds"])
+    # as if killed after update 4: the resumed run's summary counts the whole run's chunks
+    shutil.rmtree(tmp_path / "checkpoints" / "8")
+    (tmp_path / "summary.json").unlink()
+    resumed = train(from_dict({"run": {"resume": str(tmp_path), "progress": False, "compile_cache": False}}))
+    assert resumed["resumed_at_update"] == 4
+    assert sum(resumed["staleness_histogram"].values()) == sum(summary["staleness_histogram"].values()) == 8 * SHARDS
 
 
 def test_a_give_up_in_the_first_round_leaves_no_compile_running(tmp_path):

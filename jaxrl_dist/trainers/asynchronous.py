@@ -353,6 +353,9 @@ class AsyncTrainer(ShardTrainer):
         self._setup_run(t_start)
         train, version = self.state.train, int(self.state.round)
         env_steps = steps_done(history, self.learner.steps_per_shard)
+        for rec in history:  # a resumed run's summary counts the whole run's chunks, as its env steps do
+            self.staleness.update(rec.detail.get("staleness", ()))
+            self.dropped_total += int(rec.detail.get("dropped", 0))
         records = []
         books = threading.Thread(target=self._bookkeeping, args=(logger, list(history), records),
                                  daemon=True, name="jaxrl-dist-books")
@@ -518,6 +521,7 @@ class AsyncTrainer(ShardTrainer):
         taken = chunks + item.dropped
         dt = max(times["update"], 1e-9)
         detail = {"staleness_max": int(lag.max()), "staleness_mean": float(lag.mean()),
+                  "staleness": [int(x) for x in lag],  # per chunk learned: a resumed run's histogram reads them
                   "dropped": len(item.dropped), "actors_active": self.balancer.active,
                   # what the active actors make (each a chunk in its mean time), against what
                   # the learner took: the balancer's comparison (taken counts would equal it)
