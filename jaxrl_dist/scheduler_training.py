@@ -9,11 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig
+from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig, LearnedSchedulerConfig
 from jaxrl_dist.scheduling import learned
 from jaxrl_dist.scheduling.learned import Trained
 from jaxrl_dist.scheduling.mdp import BASE_FEATURES, FEATURES, Scale, SchedOptions, SchedulingEnv, feature_columns
 from jaxrl_dist.scheduling.profile import Profile, load_profile, profile_file
+from jaxrl_dist.scheduling.schedulers import shard_range
 from jaxrl_dist.trainers import fused
 
 
@@ -32,13 +33,18 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
     target = cfg.run.target_return
     if target is None:
         raise ConfigError("run.target_return: the scheduler is trained to reach a target return")
-    M = cfg.scheduler.max_shards or cfg.backend.max_shards
+    s = cfg.scheduler
+    if not isinstance(s, LearnedSchedulerConfig):  # min_return, max_return, init_from are its keys
+        raise ConfigError(f"scheduler={s.name}: scheduler train trains a learned scheduler; drop scheduler= "
+                          "(its keys: scheduler.max_shards, min_return, max_return, init_from)")
+    M = shard_range(s, cfg.backend)[1]  # a file for more shards than the backend has: no run could load it
     cfg = dataclasses.replace(cfg, backend=dataclasses.replace(cfg.backend, max_shards=M))
     if not isinstance(profile, Profile):
         found = profile_file(cfg.env.id, profile)
         profile = load_profile(found) if found else Profile()
-    s = cfg.scheduler
-    scale = scale or Scale(s.min_return or 0.0, s.max_return or target, max_rounds, M)
+    if scale is None:
+        key = "run.target_return" if s.max_return is None else "scheduler.max_return"
+        scale = Scale(*learned.return_range(cfg, s.max_return or target, key), max_rounds, M)
     return cfg, SchedOptions(M, max_rounds, target, time_weight, target_bonus, profile, scale,
                              **(limits or {}))
 

@@ -269,6 +269,24 @@ def test_scheduler_train_on_an_envpool_task_exits_2_with_one_line(tmp_path, caps
     assert not (tmp_path / "s.msgpack").exists()
 
 
+@pytest.mark.parametrize("args, says", [
+    (["env=cartpole", "scheduler=adapt"], "error: scheduler=adapt: scheduler train trains a learned scheduler"),
+    # a file no run with that backend could load
+    (["env=cartpole", "backend.max_shards=8", "scheduler.max_shards=16"],
+     "error: scheduler.max_shards=16 exceeds backend.max_shards=8"),
+    (["env.id=MountainCar-v0", "run.target_return=-110"], "error: run.target_return=-110 is not above scheduler.min_return=0"),
+    # overrides after the options are overrides still (a bad one named as a key, not as an argument)
+    (["env=cartpole", "--updates", "1", "scheduler.max_shard=4"], "scheduler.max_shard"),
+])
+def test_scheduler_train_checks_what_train_checks(tmp_path, capsys, args, says):
+    from jaxrl_dist import cli
+
+    code = cli.main(["scheduler", "train", *args, "--out", str(tmp_path / "s.msgpack")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+    assert not (tmp_path / "s.msgpack").exists()
+
+
 def test_budget_and_deadline_spans_are_flags_and_a_bad_one_names_itself(tmp_path, capsys):
     from jaxrl_dist import cli
     from jaxrl_dist.cli.compose import load_config

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from jaxrl_dist.tools import calibrate
 from jaxrl_dist.backends import BackendError
-from jaxrl_dist.cli.compose import compose, load_config
+from jaxrl_dist.cli.compose import compose, load_config, parse_args
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling.profile import save_profile
 from jaxrl_dist.trainers.rundir import writable_file
@@ -37,7 +37,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--learner-shards", type=int, default=8,
                         help="time the learner at 1, 2, 4, ... up to this many shards (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="timed learner calls per size (default 3)")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     composed = compose(args.overrides)
     backend = composed["backend"]
     out = writable_file(args.out or Path("profiles") / f"{composed['env']['id']}.json", "--out")

@@ -42,6 +42,18 @@ def one_line(err: Exception) -> str:
 SWEEP_EXTRA = "the joblib and ray launchers and the optuna sweeper come with pip install 'jaxrl-dist[sweep]'"
 
 
+def parse_args(parser, argv: Sequence[str]):
+    """`parser.parse_args(argv)` taking its `overrides` (KEY=VALUE) wherever they stand
+    among the options: argparse takes a `nargs='*'` positional in one run only, and
+    calls the rest "unrecognized" as if the keys were wrong."""
+    args, rest = parser.parse_known_args(argv)
+    stray = [a for a in rest if a.startswith("-") or "=" not in a]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = [*args.overrides, *rest]
+    return args
+
+
 def presets(group: str = "env", config_dirs: Sequence[str] = ()) -> list:
     """The options of a config group: packaged YAML, the ConfigStore's, a user's --config-dir
     (for `hydra/launcher` and `hydra/sweeper`: the installed plugins')."""

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from jaxrl_dist.cli.compose import options
+from jaxrl_dist.cli.compose import options, parse_args
 from jaxrl_dist.config import ConfigError, EvalConfig
 from jaxrl_dist.platform import use_unrolled_threefry
 
@@ -34,7 +34,7 @@ def main(argv: Sequence[str]) -> int:
                                      "std and per-episode returns and lengths to RUN_DIR/eval.json.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (config.yaml, checkpoints/)")
     parser.add_argument("overrides", nargs="*", default=[], metavar="eval.KEY=VALUE", help="eval options")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     opts = eval_options(args.overrides)
     if not (Path(args.run_dir) / "config.yaml").is_file():
         raise ConfigError(f"{args.run_dir}: not a run directory (no config.yaml)")

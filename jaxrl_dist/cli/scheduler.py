@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from jaxrl_dist import scheduler_training
-from jaxrl_dist.cli.compose import load_config
+from jaxrl_dist.cli.compose import load_config, parse_args
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import use_unrolled_threefry
 from jaxrl_dist.scheduling import learned, mdp, profile
@@ -88,7 +88,7 @@ def _task(args, extra: list) -> tuple:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(_parser(), argv)
     writable_file(args.out, "--out")
     tasks = [_task(args, t.split()) for t in args.task or [""]]
     init_from = args.init_from or tasks[0][0].scheduler.init_from

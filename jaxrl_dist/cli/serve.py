@@ -8,7 +8,7 @@ import socket
 import sys
 from typing import Sequence
 
-from jaxrl_dist.cli.compose import options
+from jaxrl_dist.cli.compose import options, parse_args
 from jaxrl_dist.config import ConfigError, ServeConfig, needs
 from jaxrl_dist.platform import use_unrolled_threefry
 
@@ -34,7 +34,7 @@ def main(argv: Sequence[str]) -> int:
                         "platform's contract)")
     parser.add_argument("--token", help="bearer token (default $JAXRL_DIST_TOKEN)")
     parser.add_argument("overrides", nargs="*", metavar="serve.KEY=VALUE", help="e.g. serve.max_body_mb=16")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     needs("uvicorn", "http", "jaxrl-dist serve")
     from jaxrl_dist.serve import app  # the HTTP stack
 

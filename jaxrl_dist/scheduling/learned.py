@@ -232,14 +232,22 @@ def scale_for(trained: Trained, full=None) -> Scale:
     if hi is None:
         raise ConfigError(f"run.target_return: the scheduler was trained on {trained_on(trained)}; "
                           f"set {full.env.id}'s target (or scheduler.max_return) to scale its returns")
+    key = "run.target_return" if full.run.target_return is not None else "scheduler.max_return"
+    lo, hi = return_range(full, hi, key)
+    return s._replace(return_lo=lo, return_hi=hi)
+
+
+def return_range(full, hi: float, key: str) -> tuple:
+    """`(lo, hi)`: `scheduler.min_return` (or 0) up to `hi` (`key`'s value), the returns a
+    fixed scale spans; `ConfigError` when it is empty or inverted, which would read every
+    return as the same feature (the scheduler would be blind)."""
     lo = full.scheduler.min_return if full.scheduler.min_return is not None else 0.0
-    if lo >= hi:  # an inverted range reads every return as the same feature: the scheduler would be blind
-        key = "run.target_return" if full.run.target_return is not None else "scheduler.max_return"
+    if lo >= hi:
         given = "" if full.scheduler.min_return is not None else " (its default)"
         raise ConfigError(f"{key}={hi:g} is not above scheduler.min_return={lo:g}{given}: the learned scheduler "
                           f"scales {full.env.id}'s returns from min_return up to it; set scheduler.min_return "
                           "to the task's lowest return")
-    return s._replace(return_lo=float(lo), return_hi=float(hi))
+    return float(lo), float(hi)
 
 
 def running_scale(s: Scale, history: list, min_return: Optional[float] = None) -> Scale:

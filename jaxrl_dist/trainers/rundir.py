@@ -221,9 +221,9 @@ def check_resumable(run_dir) -> Config:
 def writable_file(path, flag: str) -> Path:
     """`path`, checked to be a file this process can write (its folder made), before the
     work whose result goes there; `ConfigError` naming `flag` and the path otherwise."""
-    path = Path(path)
-    if path.is_dir():
+    if str(path).endswith(("/", os.sep)) or Path(path).is_dir():
         raise ConfigError(f"{flag} {path}: a directory; give a file's path")
+    path = Path(path)
     try:
         _make_writable_dir(path.parent)
     except OSError as err:
