@@ -383,9 +383,12 @@ def test_a_scheduler_of_another_feature_set_or_shard_range_is_refused(trained, t
                            tmp_path / "unnamed.msgpack")
     renamed = learned.save(old._replace(meta={**old.meta, "features": ["cpu_load", *mdp.FEATURES[1:]]}),
                            tmp_path / "renamed.msgpack")
+    fewer = learned.save(old._replace(meta={**old.meta, "features": old.meta["features"][:5]}),
+                         tmp_path / "fewer.msgpack")  # names its weights do not read
     base = {"trainer": "sync", "backend": {"name": "local", "max_shards": M}}
     for sched, named, why in (({"path": str(unnamed)}, unnamed, "records no feature names"),
                               ({"path": str(renamed)}, renamed, "cpu_load unknown"),
+                              ({"path": str(fewer)}, fewer, "names 5 features but its network reads"),
                               ({"path": str(trained), "max_shards": 1}, trained, "1..2 shards")):
         cfg = from_dict({**base, "scheduler": {"name": "learned", **sched}})
         with pytest.raises(ConfigError) as err:

@@ -82,6 +82,15 @@ def widen(trained: Trained, to=FEATURES) -> Trained:
     return Trained(params, {**trained.meta, "features": to})
 
 
+def _input_kernels(trained: Trained) -> list:
+    """The first layers' kernels (actor and critic): their rows are the features read."""
+    found = []
+    jax.tree_util.tree_map_with_path(
+        lambda path, x: found.append(np.asarray(x)) if [getattr(k, "key", None) for k in path[-2:]] == ["Dense_0", "kernel"]
+        else None, trained.params)
+    return found
+
+
 def policy(trained: Trained):
     """`act(features[len(FEATURES)]) -> n`: the greedy shard count of a trained scheduler,
     from the features it was trained on (selected by name)."""
@@ -163,6 +172,11 @@ def check_fits(trained: Trained, path, backend_cfg, cfg) -> None:
         raise ConfigError(f"scheduler.path: {path} was trained on another feature set "
                           f"({', '.join(unknown) or 'repeated names'} unknown to this version's "
                           f"{', '.join(FEATURES)}); retrain it with `jaxrl-dist scheduler train`")
+    widths = {x.shape[0] for x in _input_kernels(trained)}
+    if widths != {len(names)}:
+        raise ConfigError(f"scheduler.path: {path} names {len(names)} features but its network reads "
+                          f"{', '.join(map(str, sorted(widths))) or 'none'} (a damaged or edited file); "
+                          "retrain it with `jaxrl-dist scheduler train`")
     M = trained.meta["max_shards"]
     if M > backend_cfg.max_shards:
         raise ConfigError(f"backend.max_shards={backend_cfg.max_shards} is below the "
