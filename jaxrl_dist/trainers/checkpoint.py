@@ -137,6 +137,22 @@ def _quiet_orbax():
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _quiet_restore():
+    """`_quiet_orbax`, and what a failed read of a damaged step writes to stderr itself
+    (tensorstore's callbacks into a closed event loop print a traceback each, dozens)
+    and warns (coroutines never awaited): kept for the job log, not the terminal."""
+    import io
+    import warnings
+
+    caught = io.StringIO()
+    with _quiet_orbax(), contextlib.redirect_stderr(caught), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    if caught.getvalue():
+        logging.getLogger(__name__).debug("while reading checkpoints: %s", caught.getvalue())
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -218,7 +234,7 @@ class Checkpointer:
         naming `run.resume` when every step is damaged (nothing is moved then)."""
         damaged = []
         for step in sorted(self._mngr.all_steps(), reverse=True):
-            with _quiet_orbax():  # its log lines about a damaged step: the one line below says it
+            with _quiet_restore():  # its lines about a damaged step: the one line below says it
                 state, problem = self._try_restore(step, template)
             if problem is None:
                 if damaged:
