@@ -420,7 +420,7 @@ def test_a_failed_round_leaves_no_shard_still_posting(tmp_path):
     try:
         keys, _ = round_keys(0, 0, np.arange(2))
         t0 = time.time()
-        with pytest.raises(BackendError, match="shard slot 0 failed after 1 tries"):
+        with pytest.raises(BackendError, match="shard slot 0 failed after 1 try"):
             backend.run_round(0, params, [ShardTask(s, keys[s]) for s in range(2)], None)
         assert time.time() - t0 >= 1.4  # it waited for the hung slot's timeout
         assert backend._call(_pending()) == 0
@@ -484,7 +484,7 @@ def test_a_refused_token_says_where_the_token_goes(server, tmp_path):
     backend, params = started_backend(cfg, "refused")
     try:
         keys, _ = round_keys(0, 0, np.arange(1))
-        with pytest.raises(BackendError, match=r"after 1 tries: .*HTTP 401 .*" + re.escape(f"({TOKEN_HINT})")):
+        with pytest.raises(BackendError, match=r"after 1 try: .*HTTP 401 .*" + re.escape(f"({TOKEN_HINT})")):
             backend.run_round(0, params, [ShardTask(0, keys[0])], None)
     finally:
         backend.close()

@@ -185,6 +185,21 @@ def test_the_http_backend_waits_out_retry_after_then_tries_the_next_endpoint(scr
     assert busy.bodies == live.bodies == [b"the shard's request"]  # the same request, elsewhere
 
 
+def test_a_failing_endpoint_is_said_once_until_it_answers_again(scripted, capsys):
+    """A dead instance costs every round a retry: one line says so, not one a round."""
+    flaky = scripted((500, {}, b"broken"), (500, {}, b"broken"), (200, {}, b"back"), (500, {}, b"again"))
+    live = scripted((200, {}, b"shard output"))
+    backend = _http_backend([flaky.url, live.url], max_retries=1)
+    try:
+        answers = [backend._call(backend._post(0, b"r"))[0] for _ in range(4)]
+    finally:
+        backend.close()
+    assert answers == [b"shard output", b"shard output", b"back", b"shard output"]
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(said) == 2, said  # failing, then (after it answered) failing again
+    assert all(line.startswith(f"warning: {flaky.url}") and "retried on the next endpoint" in line for line in said)
+
+
 def test_the_http_backend_tries_max_retries_plus_one_times_then_names_the_slot(scripted):
     failing = scripted((500, {"Retry-After": "30"}, b"broken"))  # a 500's Retry-After is ignored
     wrong = scripted((422, {}, b"bad request"))
@@ -199,7 +214,7 @@ def test_the_http_backend_tries_max_retries_plus_one_times_then_names_the_slot(s
     assert failing.bodies == [b"same"] * 3
     backend = _http_backend([wrong.url], max_retries=2)
     try:
-        with pytest.raises(BackendError, match=r"shard slot 0 failed after 1 tries: .* HTTP 422"):
+        with pytest.raises(BackendError, match=r"shard slot 0 failed after 1 try: .* HTTP 422"):
             backend._call(backend._post(0, b"same"))
     finally:
         backend.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -81,6 +82,7 @@ class HttpBackend:
         self._thread.start()
         self._client = self._call(self._make_client())
         self._packed, self._packed_lock = None, threading.Lock()  # (params, its encoder)
+        self._down = set()  # endpoints whose last try failed (touched on the event loop only)
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -106,17 +108,32 @@ class HttpBackend:
     async def _post(self, slot: int, body: bytes, shard: str = ""):
         """Post one shard under the retry policy, each try on the next endpoint;
         `(body, retries, url, bytes on the wire, seconds)`. `shard`: its `run_id/round/slot`."""
-        def post(attempt: int):
+        async def post(attempt: int):
+            url = self.urls[(slot + attempt) % len(self.urls)]
             headers = {**self.headers, "x-shard": shard, "x-attempt": str(attempt)}
-            return self._post_once(self.urls[(slot + attempt) % len(self.urls)], body, headers)
+            try:
+                answer = await self._post_once(url, body, headers)
+            except Failure as failure:
+                self._failing(url, failure)
+                raise
+            self._down.discard(url)
+            return answer
 
         t0 = time.perf_counter()
         try:
             (content, url, size), retries = await self.retry.call_async(post)
         except GaveUp as gave_up:
-            raise BackendError(f"shard slot {slot} failed after {gave_up.tries} tries: "
+            raise BackendError(f"shard slot {slot} failed after {GaveUp.count(gave_up.tries)}: "
                                f"{gave_up.error}") from gave_up.error
         return content, retries, url, size, time.perf_counter() - t0
+
+    def _failing(self, url: str, failure: Failure) -> None:
+        """Say once (until it answers again) that an endpoint fails: a dead instance
+        otherwise costs every round its retries without a word."""
+        if url not in self._down and len(self.urls) > 1 and failure.retryable:
+            print(f"warning: {failure}; its shards are retried on the next endpoint until it answers "
+                  "(each round's retries are in metrics.jsonl)", file=sys.stderr, flush=True)
+        self._down.add(url)
 
     async def _post_once(self, url: str, body: bytes, headers: Optional[dict] = None):
         """One try at `url`: `(body, url, bytes on the wire)`, or a `Failure` naming the url."""

@@ -74,7 +74,7 @@ class LocalBackend:
         try:
             return self.retry.call(lambda _: fn())
         except GaveUp as gave_up:  # the last failure ends the run
-            why = f"local shard failed after {gave_up.tries} tries: {gave_up.error}"
+            why = f"local shard failed after {GaveUp.count(gave_up.tries)}: {gave_up.error}"
             raise BackendError(why) from gave_up.error
 
     def warm(self, tasks, params, table) -> None:

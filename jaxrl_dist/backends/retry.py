@@ -46,9 +46,13 @@ class GaveUp(Exception):
     made, the last `error`. Backends turn it into their own `BackendError` line."""
 
     def __init__(self, tries: int, error: BaseException):
-        super().__init__(f"failed after {tries} tries: {error}")
+        super().__init__(f"failed after {self.count(tries)}: {error}")
         self.tries = tries
         self.error = error
+
+    @staticmethod
+    def count(tries: int) -> str:
+        return f"{tries} {'try' if tries == 1 else 'tries'}"
 
 
 class Outcome(NamedTuple):

@@ -300,7 +300,8 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
             logger.finish()
         except BackendError as err:
             last = trainer.ckpt.latest_step()
-            where = (f"round {last}; continue with" if last is not None else "none yet; start it again with")
+            unit = "update" if cfg.trainer.name == "async" else "round"
+            where = (f"{unit} {last}; continue with" if last is not None else "none yet; start it again with")
             raise BackendError(f"{err}; last checkpoint: {where} run.resume={run_dir}") from err
         finally:
             logger.close()
