@@ -321,10 +321,12 @@ class RayBackend:
                 try:
                     ray.init(address=cfg.address, logging_level="warning")
                 except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:
-                    why = _one_line(err)
-                    auth = any(w in why.lower() for w in ("auth", "token", "unauthenticated", "permission"))
-                    hint = " (a cluster with token auth needs RAY_AUTH_MODE=token and its token)" if auth else ""
-                    raise BackendError(f"ray: cannot join the cluster at {cfg.address}: {why}{hint}") from err
+                    # `ray start` turns token authentication on (Ray >= 2.5x), and a process without
+                    # RAY_AUTH_MODE=token times out or is refused without saying why
+                    hint = ("" if os.environ.get("RAY_AUTH_MODE") else " (a cluster started with token "
+                            "authentication, `ray start`'s default, is joined with RAY_AUTH_MODE=token and its "
+                            "token: ~/.ray/auth_token on its host, else RAY_AUTH_TOKEN)")
+                    raise BackendError(f"ray: cannot join the cluster at {cfg.address}: {_one_line(err)}{hint}") from err
             else:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus - 1e-9))
