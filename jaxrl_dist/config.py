@@ -887,6 +887,10 @@ class ServeConfig:
         _positive("serve", self, "max_body_mb", "max_slot", "max_envs", "max_rollout_mb", "max_programs",
                   "max_pools", "max_concurrent", "body_timeout_s", "header_timeout_s", "rollout_timeout_s")
         require(0 <= self.port <= 65535, f"serve.port must be in 0..65535 (0: any free port), got {self.port}")
+        for key, ids in (("allowed_envs", self.allowed_envs), ("allowed_env_kwargs", self.allowed_env_kwargs)):
+            for env_id in ids:  # a misspelt preset id would refuse every request for the real one
+                near = "" if env_id in DEFAULT_ALLOWED_ENVS else did_you_mean(str(env_id), DEFAULT_ALLOWED_ENVS)
+                require(not near, f"serve.{key}: {env_id!r} is not an env id{near}")
         for env_id, rules in self.allowed_env_kwargs.items():
             require(isinstance(rules, dict), f"serve.allowed_env_kwargs.{env_id}: expected a mapping of kwarg rules")
             for name, rule in rules.items():

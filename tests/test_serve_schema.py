@@ -130,6 +130,10 @@ def test_env_kwargs_follow_the_servers_rules_and_never_name_a_path():
                  {"img_height": {"min": 1}}):
         with pytest.raises(ConfigError, match=r"^serve\.allowed_env_kwargs\.Pong-v5\."):
             ServeConfig(allowed_env_kwargs={"Pong-v5": rule}).check()
+    for key in ("allowed_envs", "allowed_env_kwargs"):  # a misspelt id would refuse every real request
+        with pytest.raises(ConfigError, match=rf"^serve\.{key}: 'CartPol-v1' is not an env id \(did you mean 'CartPole-v1'\?\)$"):
+            ServeConfig(**{key: {"CartPol-v1": {}} if key == "allowed_env_kwargs" else ["CartPol-v1"]}).check()
+    ServeConfig(allowed_envs=["Catch-bsuite", "Pong-v5"]).check()  # ids beyond the presets' are fine
     for port in (-1, 65536, 99999):  # uvicorn would bind 99999 as 34463
         with pytest.raises(ConfigError, match=rf"^serve\.port must be in 0\.\.65535 .*got {port}$"):
             ServeConfig(port=port).check()
