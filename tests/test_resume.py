@@ -200,6 +200,8 @@ def _bad_inputs(root: Path) -> list:
               ([f"run.resume={root / 'saved'}", f"run.dir={root / 'other'}"], "a resumed run stays in its own"),
               # a finished run: a resume would train nothing and write a summary of nothing over its own
               ([f"run.resume={root / 'finished'}"], "that run has finished (stopped by total_timesteps after 1,920"),
+              # a key only `scheduler train` reads
+              ([f"run.dir={root / 'init'}", "scheduler.init_from=x.msgpack"], "scheduler.init_from: only"),
               # a misspelt plugin name, before a run dir is written
               ([f"run.dir={root / 'sched'}", "trainer=sync", "scheduler.name=adpt"], "(did you mean 'adapt'?)"),
               ([f"run.dir={root / 'learned'}", "trainer=sync", "scheduler=learned", "scheduler.max_shards=31"],

@@ -46,17 +46,19 @@ def _parser() -> argparse.ArgumentParser:
     train = parser.add_subparsers(dest="action", metavar="ACTION", required=True).add_parser(
         "train", help="train (or fine-tune) a scheduler on the modeled clock", description="PPO on the "
         "scheduling MDP: each episode is a whole training run of the task (env=..., backend.envs_per_shard, "
-        "algo.*), each step a round; the cost model (cost=...) prices it. Writes a msgpack file.")
+        "algo.*), each step a round; the cost model (cost=...) prices it. Writes a msgpack file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add = train.add_argument
     add("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     add("--out", required=True, help="the scheduler file to write")
     add("--init-from", help="a scheduler file to fine-tune from (or scheduler.init_from=PATH)")
     add("--updates", type=_above(0), default=60, help="PPO updates of the scheduler")
-    add("--episodes", type=_above(0), default=8, help="training runs side by side")
+    add("--episodes", type=_above(0), default=8, help="training runs side by side (one batch)")
     add("--rollout", type=_above(0), default=16, help="rounds per scheduler update")
     add("--max-rounds", type=_above(0), default=60, help="rounds before an episode is cut")
     add("--time-weight", type=_above(0.0, float, closed=True, high=1.0), default=0.5, help="reward weight of modeled time against dollars (0..1)")
-    add("--target-bonus", type=_above(0.0, float, closed=True), default=10.0)
+    add("--target-bonus", type=_above(0.0, float, closed=True), default=10.0, help="reward for reaching "
+        "run.target_return (under a limit: its share of the return range reached at the cut)")
     add("--budgets", type=_span, metavar="LO,HI", help="the budgets episodes draw, uniformly, in units of "
         "--max-rounds rounds at max_shards (default 0.05,0.5); each is none half the time")
     add("--deadlines", type=_span, metavar="LO,HI", help="the same for the deadlines (default 0.1,0.6)")

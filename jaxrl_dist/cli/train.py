@@ -75,6 +75,8 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
         config = from_job(job, override_keys(overrides))
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
+    require("scheduler.init_from" not in override_keys(overrides), "scheduler.init_from: only `jaxrl-dist "
+            "scheduler train` reads it (the file to fine-tune from); a run loads scheduler.path")
     if config.run.resume:
         _check_resumed(config, override_keys(overrides))
     else:  # a resumed run checks the config saved with it
