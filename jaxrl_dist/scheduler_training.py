@@ -3,6 +3,7 @@ trained (or fine-tuned) with the fused trainer's PPO (`jaxrl-dist scheduler trai
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import NamedTuple, Optional
 
 import jax
@@ -13,7 +14,7 @@ from jaxrl_dist.config import AlgoConfig, Config, ConfigError, EnvConfig, Learne
 from jaxrl_dist.scheduling import learned
 from jaxrl_dist.scheduling.learned import Trained
 from jaxrl_dist.scheduling.mdp import BASE_FEATURES, FEATURES, Scale, SchedOptions, SchedulingEnv, feature_columns
-from jaxrl_dist.scheduling.profile import Profile, load_profile, profile_file
+from jaxrl_dist.scheduling.profile import Profile, load_profile, measured_on, profile_file
 from jaxrl_dist.scheduling.schedulers import shard_range
 from jaxrl_dist.trainers import fused
 
@@ -42,6 +43,10 @@ def task_and_options(cfg: Config, max_rounds: int, time_weight: float, target_bo
     if not isinstance(profile, Profile):
         found = profile_file(cfg.env.id, profile)
         profile = load_profile(found) if found else Profile()
+        other = measured_on(found) if found else None
+        if other not in (None, cfg.env.id):  # one --profile for several tasks, or a copied file
+            print(f"note: {cfg.env.id} is modeled with the latencies of {other} (the profile {found} was "
+                  f"measured on it; jaxrl-dist calibrate env.id={cfg.env.id} measures its own)", file=sys.stderr)
     if scale is None:
         key = "run.target_return" if s.max_return is None else "scheduler.max_return"
         scale = Scale(*learned.return_range(cfg, s.max_return or target, key), max_rounds, M)

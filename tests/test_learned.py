@@ -287,6 +287,18 @@ def test_scheduler_train_checks_what_train_checks(tmp_path, capsys, args, says):
     assert not (tmp_path / "s.msgpack").exists()
 
 
+def test_a_profile_measured_on_another_env_is_said(capsys):
+    from jaxrl_dist.cli.compose import load_config
+    from jaxrl_dist.scheduling.profile import profile_file
+
+    cartpole = profile_file("CartPole-v1", None)
+    for env, notes in (("cartpole", 0), ("acrobot", 1)):
+        scheduler_training.task_and_options(load_config([f"env={env}", "backend=local"]), 10, 0.5, 10.0, cartpole)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == notes and all(line.startswith("note: Acrobot-v1 is modeled with the latencies of "
+                                                         "CartPole-v1") for line in err), err
+
+
 def test_budget_and_deadline_spans_are_flags_and_a_bad_one_names_itself(tmp_path, capsys):
     from jaxrl_dist import cli
     from jaxrl_dist.cli.compose import load_config

@@ -61,6 +61,15 @@ def load_profile(path) -> Profile:
                           f"(fields: {', '.join(Profile._fields)}, meta)")
     return Profile(**{k: _profile_value(v, k, path) for k, v in data.items() if k != "meta"})
 
+
+def measured_on(path) -> Optional[str]:
+    """The env id a profile file says it was measured on (its `meta.env_id`), if any."""
+    try:
+        meta = json.loads(Path(path).read_text()).get("meta")
+        return str(meta["env_id"]) if isinstance(meta, dict) and meta.get("env_id") else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
 def _profile_value(value, name: str, path):
     """A field's number: finite, >= 0 (`step_s` > 0); None only where the default is None."""
     if value is None and Profile._field_defaults[name] is None:
