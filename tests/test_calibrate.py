@@ -197,3 +197,13 @@ def test_the_profile_describes_a_plugin_network_by_its_name():
     rounds = [SimpleNamespace(result=SimpleNamespace(shards=[0, 1]))]
     meta = calibrate.describe(cfg, trainer, {}, rounds)
     assert meta["task"]["network"] == "twotower" and meta["shards_per_round"] == 2
+
+
+def test_a_rough_profile_is_said_to_be_rough():
+    """Written all the same, with a note for each figure that rests on too little."""
+    from jaxrl_dist.tools.calibrate import _weak
+
+    assert _weak(0.1, 5) == []
+    notes = _weak(0.64, 1)
+    assert [n.split(":")[0] for n in notes] == ["note", "note"]
+    assert "misses a measured time by 64%" in notes[0] and "rests on 1 sample(s)" in notes[1]

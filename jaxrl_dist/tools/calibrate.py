@@ -324,4 +324,19 @@ def summary(profile: Profile, meta: dict) -> list:
             f"(K = {learn['shards']}, fit within {100 * worst:.0f}%)",
             f"  jitter_cv           {profile.jitter_cv:.3g} (lognormal, {s['jitter_cv']} samples, "
             f"{meta['fits']['jitter']['method']})",
-            f"  cold_start_s        {start}"]
+            f"  cold_start_s        {start}"] + _weak(worst, s["jitter_cv"])
+
+
+WEAK_FIT = 0.2  # the learner line's worst miss above which a profile is said to be rough
+
+
+def _weak(worst: float, jitter_samples: int) -> list:
+    """Notes for a profile whose figures rest on too little: the file is written all
+    the same (a rough profile still models a run better than the defaults)."""
+    out = []
+    if worst > WEAK_FIT:
+        out.append(f"note: the learner line misses a measured time by {100 * worst:.0f}%: more --repeats or "
+                   "an idle machine tightens it")
+    if jitter_samples < 4:
+        out.append(f"note: jitter_cv rests on {jitter_samples} sample(s): more --rounds measure it")
+    return out
