@@ -147,6 +147,8 @@ def checked_file(cfg, backend_cfg) -> tuple:
     refused in one line when it is missing or does not fit this run (`check_fits`): a
     run checks it before it writes anything."""
     path = Path(cfg.path) if cfg.path else preset_path(DEFAULT)
+    if path.is_dir():
+        raise ConfigError(f"scheduler.path: {path} is a directory; give a scheduler file's path")
     if not path.is_file():
         raise ConfigError(f"scheduler.path: no such file {path}; train one with `jaxrl-dist scheduler train`")
     try:
