@@ -14,6 +14,7 @@ import pytest
 from jaxrl_dist.backends import BackendError
 from jaxrl_dist.config import from_dict
 from jaxrl_dist.scheduling.records import ASYNC_PHASES, ROUND_PHASES, STARTUP_PHASES, Record
+from jaxrl_dist.trainers.checkpoint import saved_steps
 from jaxrl_dist.trainers.runner import train
 
 STEPS, ENVS, SHARDS = 16, 4, 4
@@ -81,12 +82,16 @@ def test_an_async_updates_phases_add_up_to_its_learner_loop(tmp_path):
     recs = records(tmp_path)
     assert_phases_add_up(recs, "loop_s", ASYNC_PHASES)
     assert {f"startup_{k}" for k in STARTUP_PHASES} <= set(summary["phase_seconds"])
-    # as if killed after update 4: the resumed run's summary counts the whole run's chunks
-    shutil.rmtree(tmp_path / "checkpoints" / "8")
+    # as if killed after its next-to-last checkpoint: the resumed run's summary counts the
+    # whole run's chunks (each learned or dropped), not only the resumed process's
+    *_, previous, newest = saved_steps(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints" / str(newest))
     (tmp_path / "summary.json").unlink()
     resumed = train(from_dict({"run": {"resume": str(tmp_path), "progress": False, "compile_cache": False}}))
-    assert resumed["resumed_at_update"] == 4
-    assert sum(resumed["staleness_histogram"].values()) == sum(summary["staleness_histogram"].values()) == 8 * SHARDS
+    assert resumed["resumed_at_update"] == previous
+    for run, recs in ((summary, recs), (resumed, records(tmp_path))):  # each update learns SHARDS chunks
+        assert sum(run["staleness_histogram"].values()) == run["rounds"] * SHARDS
+        assert sum(run["staleness_histogram"].values()) + run["dropped_chunks"] == sum(r["num_shards"] for r in recs)
 
 
 def test_a_give_up_in_the_first_round_leaves_no_compile_running(tmp_path):
