@@ -143,6 +143,9 @@ def test_plain_lines_come_each_twentieth_of_the_run_and_at_the_end():
     assert text[0].startswith("steps 0/999424 (0%)  return -")
     assert text[1].startswith("steps 59904/999424 (6%)  return 201.3  12.1k steps/s  elapsed 0:00:0")
     assert len(text) == 21 and text[-1].startswith("steps 988416/999424 (99%)")
+    resumed = io.StringIO()  # a resumed run's first line shows its history's return
+    progress.Lines(resumed, 999_424, 59_904, ret=201.3)
+    assert resumed.getvalue().startswith("steps 59904/999424 (6%)  return 201.3  - steps/s")
 
 
 # A library whose console handler holds the stderr of the moment it was made (Ray's

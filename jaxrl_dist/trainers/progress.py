@@ -89,7 +89,7 @@ class Bar:
     """rich's progress bar, redrawn twice a second (at rich's default 10 Hz it took ~2% of a
     core); a line `status.say` prints goes above it."""
 
-    def __init__(self, console, total: int, done: int, label: str = "train"):
+    def __init__(self, console, total: int, done: int, label: str = "train", ret: Optional[float] = None):
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
         from rich.table import Column
@@ -104,7 +104,7 @@ class Bar:
                        table_column=whole()),
             TimeElapsedColumn(table_column=whole()), TimeRemainingColumn(table_column=whole()),
             console=console, transient=False, refresh_per_second=2)
-        self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret="-", note="")
+        self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret=_return(ret), note="")
         self._progress.start()
         status.attach(console)
 
@@ -122,11 +122,11 @@ class Lines:
     or `LINE_EVERY_S` seconds (whichever comes first), and the last at close; the full
     numbers, no control codes, each line flushed."""
 
-    def __init__(self, stream, total: int, done: int, label: str = ""):
+    def __init__(self, stream, total: int, done: int, label: str = "", ret: Optional[float] = None):
         self._stream, self._t0, self._label = stream, time.monotonic(), label and f"{label}  "
         self._last_t, self._mark = self._t0, self._mark_of(done, total)
         self._pending: Optional[tuple] = None  # what `show` got and no line has shown yet
-        self._print(done, total, None, None)
+        self._print(done, total, ret, None)
 
     @staticmethod
     def _mark_of(steps: int, total: int) -> int:
@@ -154,16 +154,17 @@ class Lines:
             self._print(*self._pending)
 
 
-def make_display(total: int, done: int, label: str = "") -> Display:
+def make_display(total: int, done: int, label: str = "", ret: Optional[float] = None) -> Display:
     """The bar where stdout is a terminal (as rich tells it: `TTY_COMPATIBLE`, `FORCE_COLOR`
-    and Jupyter count), plain lines elsewhere."""
+    and Jupyter count), plain lines elsewhere; `ret`: the return to show from the start (a
+    resumed run's)."""
     from rich.console import Console
 
     status.stop()  # the bar or the lines take over from the status line
     console = Console()
     if console.is_terminal or console.is_jupyter:
-        return Bar(console, total, done, label or "train")
-    return Lines(sys.stdout, total, done, label)
+        return Bar(console, total, done, label or "train", ret)
+    return Lines(sys.stdout, total, done, label, ret)
 
 
 class Progress:
@@ -178,7 +179,7 @@ class Progress:
         self._returns.add(history)
         self._total = total if budget is None else expected_total(budget, done, self._rounds, budget.round_steps)
         self._sps: Optional[float] = None
-        self._display = display if display is not None else make_display(self._total, done)
+        self._display = display if display is not None else make_display(self._total, done, ret=self._returns.mean())
 
     def update(self, records: list) -> None:
         last = records[-1]
