@@ -2,6 +2,8 @@
 `make_network` builds from their specs."""
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -423,3 +425,15 @@ def test_an_envpool_env_is_made_without_gymnasium_s_space_warnings():
         warnings.simplefilter("error")
         env = make_env("CartPole-v1", 2, "envpool")
     assert env.spec.obs_shape == (4,)
+
+
+def test_the_cnn_on_observations_it_cannot_see_is_one_line():
+    """A vector, or a grid smaller than the convolutions' reach (MinAtar's 10x10), is refused
+    naming the key before any compile; an Atari stack builds."""
+    from jaxrl_dist.config import ConfigError
+
+    for shape in ((4,), (10, 10, 4), (4, 20, 20)):
+        spec = EnvSpec("X-v0", "gymnax", shape, np.float32, True, 3)
+        with pytest.raises(ConfigError, match=rf"^algo.network=cnn: X-v0's observations are {re.escape(str(shape))}"):
+            make_network(spec, "cnn")
+    make_network(EnvSpec("Pong-v5", "envpool", (4, 84, 84), np.uint8, True, 6), "cnn")

@@ -63,6 +63,9 @@ def test_image_observations_render_from_the_observation():
     state, obs = env.reset(__import__("jax").random.PRNGKey(0))
     frame = env.frame(state, 1, obs)
     assert frame.shape == (160, 160, 3) and frame.dtype == np.uint8 and frame.max() == 255
+    catch = make_env("Catch-bsuite", 1)  # a grid without channels
+    state, obs = catch.reset(__import__("jax").random.PRNGKey(0))
+    assert catch.frame(state, 0, obs).shape == (obs.shape[1] * 16, obs.shape[2] * 16, 3)
     stack = np.zeros((4, 84, 84), np.uint8)
     stack[-1, 10, 20] = 200
     atari = image_frame(stack[-1], scale=2)

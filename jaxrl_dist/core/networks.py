@@ -120,6 +120,10 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
     torso = network
     if torso == "auto":
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"
+    if torso == "cnn" and not is_frame_stack(spec.obs_shape):  # the convolutions would have nothing left to see
+        raise ConfigError(f"algo.network=cnn: {spec.env_id}'s observations are {tuple(spec.obs_shape)}; the CNN "
+                          f"takes stacked frames [C, H, W] of at least {_MIN_FRAME}x{_MIN_FRAME} (envpool's Atari "
+                          "layout): use algo.network=mlp (or auto)")
     return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
                        max(1, len(spec.obs_shape)))
 

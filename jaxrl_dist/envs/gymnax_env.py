@@ -113,7 +113,9 @@ class GymnaxEnv:
         (needs pygame), image-like observations (MinAtar) from the observation."""
         import numpy as np
 
-        if len(self.spec.obs_shape) > 1:  # [H, W, C]: each lit cell shows which channel lit it
+        if len(self.spec.obs_shape) == 2:  # [H, W] (bsuite's Catch): the grid itself
+            return image_frame(np.asarray(obs[index]), scale=16)
+        if len(self.spec.obs_shape) == 3:  # [H, W, C]: each lit cell shows which channel lit it
             grid = np.asarray(obs[index])
             return image_frame((grid * np.arange(1, grid.shape[-1] + 1)).max(-1), scale=16)
         gym_env, vis_gym = self._renderer()
