@@ -200,6 +200,8 @@ def _bad_inputs(root: Path) -> list:
               ([f"run.resume={root / 'saved'}", f"run.dir={root / 'other'}"], "a resumed run stays in its own"),
               # a finished run: a resume would train nothing and write a summary of nothing over its own
               ([f"run.resume={root / 'finished'}"], "that run has finished (stopped by total_timesteps after 1,920"),
+              # a wrapper's options without the wrapper: the run would see the whole observation
+              ([f"run.dir={root / 'wrap'}", "env.wrapper_options.indices=[1]"], "env.wrapper_options.indices: no env.wrapper"),
               # a key only `scheduler train` reads
               ([f"run.dir={root / 'init'}", "scheduler.init_from=x.msgpack"], "scheduler.init_from: only"),
               # a misspelt plugin name, before a run dir is written
