@@ -82,6 +82,9 @@ def test_an_async_updates_phases_add_up_to_its_learner_loop(tmp_path):
     recs = records(tmp_path)
     assert_phases_add_up(recs, "loop_s", ASYNC_PHASES)
     assert {f"startup_{k}" for k in STARTUP_PHASES} <= set(summary["phase_seconds"])
+    # the modeled clock's parts add up to it: the learner's wait for chunks, its updates, a cluster's start
+    assert summary["modeled_wait_s"] + summary["modeled_learn_s"] + summary["modeled_setup_s"] == pytest.approx(
+        summary["modeled_seconds"], rel=1e-6)
     # as if killed after its next-to-last checkpoint: the resumed run's summary counts the
     # whole run's chunks (each learned or dropped), not only the resumed process's
     *_, previous, newest = saved_steps(tmp_path)

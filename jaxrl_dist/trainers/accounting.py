@@ -219,6 +219,7 @@ def cost_figures(records: list, stop_reason: Optional[str], cost_preset: str,
     hit = next((rec.cost for rec in records if reached(rec, target_return)), None)
     at = lambda attr: None if hit is None else getattr(hit, attr)  # noqa: E731
     keys = [f"modeled_{k}" for k in TIME_KEYS] + list(USD_KEYS)
+    keys += sorted({k for c in costs for k in c.components} - set(keys))  # the async learner's wait, so they add up
     return CostFigures(
         stop_reason=stop_reason, cost_preset=cost_preset, cost_usd=last.cum_usd if last else 0.0,
         modeled_seconds=last.cum_modeled_s if last else 0.0, target_return=target_return,
