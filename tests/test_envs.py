@@ -211,6 +211,9 @@ def test_unknown_suite_is_an_error():
 def test_bad_env_kwargs_name_the_env():
     msg = one_line_error(env_id="CartPole-v1", kwargs={"no_such_option": 1})
     assert "CartPole-v1" in msg
+    # a maker argument the run sets itself names the key that sets it
+    msg = one_line_error(env_id="CartPole-v1", kwargs={"num_envs": 8})
+    assert msg.startswith("env.kwargs.num_envs: the run sets it; use env.num_envs"), msg
 
 
 def test_envpool_suite_without_the_id_names_it():

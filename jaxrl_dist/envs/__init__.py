@@ -67,12 +67,20 @@ def _closest(env_id: str, suites: list) -> str:
     return did_you_mean(env_id, [i for s in suites for i in getattr(s, "ids", lambda: [])()])
 
 
+# a maker's arguments the run passes from its own keys, not from `env.kwargs`
+_OWN_KEYS = {"num_envs": "env.num_envs (or backend.envs_per_shard)", "seed": "seed",
+             "num_threads": "env.num_threads"}
+
+
 def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
              num_threads: int = 0, kwargs: dict | None = None, wrapper: str | None = None,
              wrapper_options: dict | None = None) -> EnvAdapter:
     """A flat batch of `num_envs` envs of `env_id` from the suite that has it, inside the
     env wrapper `wrapper` (`envs.wrappers.WRAPPERS`) with `wrapper_options` when given."""
     check_wrapper(wrapper, wrapper_options)  # before the env: a misspelt name builds none
+    taken = sorted(set(kwargs or {}) & set(_OWN_KEYS))
+    if taken:  # the suite's maker gets these from the config's own keys
+        raise EnvMakeError(f"env.kwargs.{taken[0]}: the run sets it; use {_OWN_KEYS[taken[0]]} instead")
     suite = resolve_suite(env_id, suite)
     try:
         env = _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
