@@ -110,6 +110,18 @@ def test_restore_latest_without_an_intact_step_moves_nothing(tmp_path):
     assert not (tmp_path / checkpoint.DAMAGED_SUBDIR).exists()
 
 
+def test_a_step_whose_manifest_is_unreadable_is_restored_with_a_warning(tmp_path):
+    """Its files may be whole (they restore), but nothing checked them: one line says so."""
+    _saved_run(tmp_path)
+    manifest = tmp_path / "checkpoints" / "30" / checkpoint.MANIFEST
+    manifest.write_text(manifest.read_text()[:40])
+    said = []
+    ckpt = checkpoint.Checkpointer(tmp_path)
+    assert int(ckpt.restore_latest(_tree(0), say=said.append)["update"]) == 30
+    ckpt.close()
+    assert len(said) == 1 and said[0].startswith("warning: checkpoint 30's sha256.json is unreadable"), said
+
+
 def test_an_intact_newest_step_is_restored_without_a_word(tmp_path):
     _saved_run(tmp_path)
     said = []

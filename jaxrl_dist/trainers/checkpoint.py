@@ -237,6 +237,9 @@ class Checkpointer:
             with _quiet_restore():  # its lines about a damaged step: the one line below says it
                 state, problem = self._try_restore(step, template)
             if problem is None:
+                if (self.step_dir(step) / MANIFEST).exists() and not has_manifest(self.step_dir(step)):
+                    say(f"warning: checkpoint {step}'s {MANIFEST} is unreadable: its files were restored "
+                        f"without being checked against it ({self.step_dir(step)})")
                 if damaged:
                     self._set_aside(damaged)
                     say(f"resuming from checkpoint {step}, the newest intact one ({self.step_dir(step)})")
