@@ -70,15 +70,15 @@ class JobFailed(Exception):
 
 def _checked(cfg, overrides: Sequence[str]) -> Config:
     """The `Config` of a composed job config, validated once (`ConfigError` names the key)."""
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    job, keys = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), override_keys(overrides)
     try:
-        config = from_job(job, override_keys(overrides))
+        config = from_job(job, keys)
     except OmegaConfBaseException as err:
         raise ConfigError(hydra_message(err)) from None
-    require("scheduler.init_from" not in override_keys(overrides), "scheduler.init_from: only `jaxrl-dist "
+    require("scheduler.init_from" not in keys, "scheduler.init_from: only `jaxrl-dist "
             "scheduler train` reads it (the file to fine-tune from); a run loads scheduler.path")
     if config.run.resume:
-        _check_resumed(config, override_keys(overrides))
+        _check_resumed(config, keys)
     else:  # a resumed run checks the config saved with it
         from jaxrl_dist.trainers.parts import check_parts  # the env suites, network and loss import JAX
 

@@ -72,7 +72,7 @@ def widen(trained: Trained, to=FEATURES) -> Trained:
 
     def grow(path, x):
         x = np.asarray(x)
-        if [getattr(k, "key", None) for k in path[-2:]] != ["Dense_0", "kernel"] or x.shape[0] != len(names):
+        if not _is_input_kernel(path) or x.shape[0] != len(names):
             return x
         out = np.zeros((len(to),) + x.shape[1:], x.dtype)
         out[cols] = x
@@ -82,13 +82,16 @@ def widen(trained: Trained, to=FEATURES) -> Trained:
     return Trained(params, {**trained.meta, "features": to})
 
 
+def _is_input_kernel(path) -> bool:
+    """Whether a params leaf's `path` is a first layer's kernel (actor or critic): its rows
+    are the features the network reads."""
+    return [getattr(k, "key", None) for k in path[-2:]] == ["Dense_0", "kernel"]
+
+
 def _input_kernels(trained: Trained) -> list:
-    """The first layers' kernels (actor and critic): their rows are the features read."""
-    found = []
-    jax.tree_util.tree_map_with_path(
-        lambda path, x: found.append(np.asarray(x)) if [getattr(k, "key", None) for k in path[-2:]] == ["Dense_0", "kernel"]
-        else None, trained.params)
-    return found
+    """The first layers' kernels of a scheduler's params."""
+    leaves = jax.tree_util.tree_flatten_with_path(trained.params)[0]
+    return [np.asarray(x) for path, x in leaves if _is_input_kernel(path)]
 
 
 def policy(trained: Trained):

@@ -55,6 +55,11 @@ def requested() -> bool:
     return _requested.is_set()
 
 
+def step_unit(trainer: str) -> str:
+    """What a trainer's steps are called in its lines: what it stops after and checkpoints."""
+    return {"sync": "round", "async": "update"}.get(trainer, "chunk")
+
+
 def acknowledgement(unit: str) -> str:
     """The line the first Ctrl-C prints; `unit`: what the trainer stops after (`_NEXT_STOP`)."""
     return (f"Ctrl-C: stopping after {_NEXT_STOP.get(unit, 'this ' + unit)}; a checkpoint follows "

@@ -33,6 +33,7 @@ from jaxrl_dist.scheduling.target import TARGET_ROUNDS, reached, recent_return
 from jaxrl_dist.trainers import checkpoint, status
 from jaxrl_dist.trainers.accounting import Clocks, Laps, cost_figures, fresh_clock, phase_figures
 from jaxrl_dist.trainers.compile_clock import CompileClock
+from jaxrl_dist.trainers.interrupt import step_unit
 from jaxrl_dist.trainers.logger import check_legal, final_returns, loss_keys, nan_to_none, truncate_records
 from jaxrl_dist.trainers.progress import RoundBudget
 from jaxrl_dist.trainers.rundir import METRICS_FILE, finish_run, open_logs, params_digest, peak_rss_mb, run_metadata
@@ -300,8 +301,8 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
             logger.finish()
         except BackendError as err:
             last = trainer.ckpt.latest_step()
-            unit = "update" if cfg.trainer.name == "async" else "round"
-            where = (f"{unit} {last}; continue with" if last is not None else "none yet; start it again with")
+            where = (f"{step_unit(cfg.trainer.name)} {last}; continue with" if last is not None
+                     else "none yet; start it again with")
             raise BackendError(f"{err}; last checkpoint: {where} run.resume={run_dir}") from err
         finally:
             logger.close()

@@ -209,7 +209,7 @@ def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0, checked: bool = F
     distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
     cfg, run_dir, resuming = prepare_run(cfg, run_dir)  # the compile cache on, if asked
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
-    unit = {"sync": "round", "async": "update"}.get(cfg.trainer.name, "chunk")
+    unit = interrupt.step_unit(cfg.trainer.name)
     with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(
             cfg.run.dir, lambda: bool(checkpoint.saved_steps(cfg.run.dir))):
         if cfg.trainer.name not in ("async", "sync"):  # fused traces its chunk loop, past the compile
