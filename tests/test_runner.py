@@ -65,6 +65,12 @@ def test_final_returns_weights_episodes_over_the_last_tenth():
     mean, per_seed = logger.final_returns(recs, num_updates=20)
     assert per_seed == [pytest.approx((190.0 + 600.0) / 4), None]
     assert mean == pytest.approx(197.5)
+    # a seed whose last episode ended before the window: that update's episodes
+    recs[4] = recs[4].replace(episode_return_sum=(50.0, -300.0), episodes=(1.0, 2.0))
+    recs[9] = recs[9].replace(episode_return_sum=(100.0, -210.0), episodes=(1.0, 1.0))
+    mean, per_seed = logger.final_returns(recs, num_updates=20)
+    assert per_seed == [pytest.approx(197.5), pytest.approx(-210.0)]
+    assert logger.final_returns(recs[:10], num_updates=20) == (None, [])  # stopped before the window
 
 
 def test_truncate_records_drops_updates_past_the_checkpoint(tmp_path):

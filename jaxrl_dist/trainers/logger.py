@@ -96,16 +96,23 @@ def _seed_means(values) -> list:
 def final_returns(records: list, num_updates: int, fraction: float = 0.1):
     """Mean return of the episodes completed in the last `fraction` of updates.
 
-    Per seed: sum of episode returns over those updates / number of episodes;
-    then averaged over seeds. Returns `(mean or None, [per seed or None])`.
+    Per seed: sum of episode returns over those updates / number of episodes; a seed
+    that ended no episode there (long episodes in a short run) takes the episodes of
+    the latest update that ended one, so only a seed that never ended one has none.
+    Then averaged over seeds. Returns `(mean or None, [per seed or None])`.
     """
     window = max(1, math.ceil(fraction * num_updates))
-    last = [r for r in records if r.update > num_updates - window]
-    if not last:
+    if not records or records[-1].update <= num_updates - window:
         return None, []
-    ret = np.sum([r.episode_return_sum for r in last], axis=0)
-    eps = np.sum([r.episodes for r in last], axis=0)
-    per_seed = np.where(eps > 0, ret / np.maximum(eps, 1.0), np.nan)
+    sums = np.asarray([r.episode_return_sum for r in records], np.float64)
+    eps = np.asarray([r.episodes for r in records], np.float64)
+    last = np.asarray([r.update > num_updates - window for r in records])
+    ret, count = sums[last].sum(axis=0), eps[last].sum(axis=0)
+    for s in np.flatnonzero(count == 0):
+        ended = np.flatnonzero(eps[:, s] > 0)
+        if ended.size:
+            ret[s], count[s] = sums[ended[-1], s], eps[ended[-1], s]
+    per_seed = np.where(count > 0, ret / np.maximum(count, 1.0), np.nan)
     return seed_mean(per_seed), [nan_to_none(x) for x in per_seed]
 
 
