@@ -147,7 +147,9 @@ def test_injected_stragglers_slow_a_batched_sync_round():
 
 
 @pytest.mark.parametrize("field, value, word", [("mode", "rounds", "mode"), ("actors", 0, "actors"),
-                                                ("straggler_share", 1.5, "straggler_share")])
+                                                ("straggler_share", 1.5, "straggler_share"),
+                                                ("latency_s", -0.01, "latency_s"), ("jitter_s", float("nan"), "jitter_s"),
+                                                ("slowdown", 0.5, "slowdown")])
 def test_bad_workloads_are_named(field, value, word):
     with pytest.raises(ValueError, match=word):
         simulate(Workload(**{field: value}), Machine())

@@ -140,6 +140,11 @@ def check(work: Workload, machine: Machine) -> None:
         raise ValueError(f"straggler_share must be in [0, 1], got {work.straggler_share}")
     if work.straggler_factor < 1.0 or work.straggler_alpha < 0:
         raise ValueError("straggler_factor must be >= 1 and straggler_alpha >= 0")
+    for key in ("latency_s", "jitter_s"):  # a negative mean delay would deliver before it was sent
+        if not getattr(work, key) >= 0:
+            raise ValueError(f"{key} must be >= 0 seconds, got {getattr(work, key)}")
+    if work.slowdown < 1.0 or work.slow_every < 0 or (work.instances is not None and work.instances < 1):
+        raise ValueError("slowdown must be >= 1, slow_every >= 0 and instances >= 1 or None")
     if machine.cores is not None and not machine.cores > 0:
         raise ValueError(f"cores must be positive or None, got {machine.cores}")
     if min(machine.compute_s, machine.update_s_per_chunk, machine.update_s_fixed, machine.overhead_s,
