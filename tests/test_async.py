@@ -251,12 +251,15 @@ def test_async_modeled_clock_by_hand():
     assert acct.chunk(0, 0, 1.0, 100) == pytest.approx(7.5)
     assert acct.chunk(1, 0, 2.0, 100) == pytest.approx(8.5)
     rc = acct.update([7.5, 8.5], 0.5, 1)
+    assert acct.cold_billed == 2  # the update's record says both chunks started cold
     assert acct.now == pytest.approx(9.0) and rc.modeled_s == pytest.approx(9.0)
     # shards billed compute + start: (1 + 5) + (2 + 5) at $1/s; learner $1/s for 9 s
     assert rc.components["shard_usd"] == pytest.approx(13.0)
     assert rc.usd == pytest.approx(22.0) and acct.usd == pytest.approx(22.0)
     # slot 0 again, warm, with version 1 (published at 9): starts at 9, arrives at 9 + .5 + 1 + 1
     assert acct.chunk(0, 1, 1.0, 100) == pytest.approx(11.5)
+    acct.update([11.5], 0.5, 2)
+    assert acct.cold_billed == 0
 
 
 def test_async_clock_prewarms_the_instances_the_balancer_may_start():

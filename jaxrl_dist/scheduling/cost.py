@@ -252,6 +252,8 @@ class AsyncAccount:
         self.first_version, self.published = version, [start]  # when each version was published
         self.learner_free = start
         self.chunk_usd = 0.0  # chunks billed since the last update
+        self.cold = 0  # of those, the ones whose instance started cold ...
+        self.cold_billed = 0  # ... and that count at the last update (its record's `cold_shards`)
         for slot in prewarm if cfg.kind == "serverless" else ():
             self.chunk(slot, version, 0.0, 0.0)
 
@@ -266,6 +268,7 @@ class AsyncAccount:
         c = rc.components
         done = start + c["invoke_s"] + c["start_s"] + c["actor_s"]
         self.last_end[slot] = done
+        self.cold += int(cold[0])
         self.actor_free[slot] = done + c["transfer_s"]
         if self.cfg.kind == "serverless":
             self.chunk_usd += float(c["shard_usd"])
@@ -290,7 +293,7 @@ class AsyncAccount:
         if self._setup is not None:  # its time is in dt already; its nodes were billed above
             parts["setup_s"] = self._setup.modeled_s
             self._setup = None
-        self.chunk_usd = 0.0
+        self.chunk_usd, self.cold_billed, self.cold = 0.0, self.cold, 0
         usd = parts["shard_usd"] + parts["learner_usd"]
         self.usd += usd
         return RoundCost(dt, usd, parts)

@@ -549,7 +549,7 @@ class AsyncTrainer(ShardTrainer):
         for c in dropped:
             self._bill(c)
         rc = self.account.update(arrivals, learn_s, u)
-        return self.clocks.cost(rc, modeled_wait_s=rc.components["wait_s"])
+        return self.clocks.cost(rc, self.account.cold_billed, modeled_wait_s=rc.components["wait_s"])
 
     def _bill(self, c: Chunk) -> float:
         """Bill one chunk on the modeled clock; returns its modeled arrival."""
