@@ -336,6 +336,11 @@ def test_entropy_gaussian():
     # the stored log-prob is exact, so the ratio is 1 everywhere
     np.testing.assert_allclose(float(m["pg_loss"]), -1.0, rtol=1e-5)
     assert float(m["approx_kl"]) == pytest.approx(0.0, abs=1e-6)
+    # a log-std per state (`[M, A]`, a network's own head): the same per-sample entropy
+    per_state = {**params, "log_std": jnp.tile(params["log_std"], (m_rows, 1))}
+    _, m2 = ppo.ppo_loss(per_state, fixed_policy, batch, opts)
+    np.testing.assert_allclose(float(m2["entropy"]), float(m["entropy"]), rtol=1e-6)
+    np.testing.assert_allclose(float(m2["pg_loss"]), -1.0, rtol=1e-5)
 
 
 def test_masked_mean_ignores_invalid_rows():

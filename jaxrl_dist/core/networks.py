@@ -20,7 +20,8 @@ from jaxrl_dist.registry import Registry, made, options as plugin_options
 
 
 class PolicyOut(NamedTuple):
-    """Network output for a batch: `[..., A]` logits or mean, `[A]` log-std, `[...]` value."""
+    """Network output for a batch: `[..., A]` logits or mean, `[A]` log-std (or `[..., A]`,
+    one per state), `[...]` value."""
 
     logits: jax.Array  # categorical logits, or Gaussian mean
     log_std: jax.Array  # unused (zeros) for discrete actions
@@ -163,7 +164,8 @@ def step(network, params, carry, obs, reset):
     if not is_recurrent(network):
         return carry, network.apply(params, obs)
     carry, out = network.apply(params, carry, obs[None], reset[None])
-    return carry, PolicyOut(out.logits[0], out.log_std, out.value[0])
+    log_std = out.log_std[0] if out.log_std.ndim == out.logits.ndim else out.log_std  # per state: `[1, B, A]`
+    return carry, PolicyOut(out.logits[0], log_std, out.value[0])
 
 
 def replay(apply_fn, params, carry, obs, reset):
@@ -213,4 +215,4 @@ def entropy(out: PolicyOut, discrete: bool) -> jax.Array:
         logp = jax.nn.log_softmax(out.logits)
         return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
     per_dim = out.log_std + 0.5 * (1.0 + _LOG_2PI)
-    return jnp.broadcast_to(jnp.sum(per_dim), out.value.shape)
+    return jnp.broadcast_to(jnp.sum(per_dim, axis=-1), out.value.shape)  # `[A]` or per state `[..., A]`
