@@ -145,14 +145,15 @@ class AlgoConfig:
     def check_sequences(self, envs: int, what: str) -> None:
         """A recurrent update's minibatches are whole sequences of `algo.num_steps`, split
         by env: the size must be a whole number of them, the count must divide `envs`."""
+        who = f"algo.network={self.network}" if self.recurrent else "a recurrent network"  # a plugin's
         if self.minibatch_size is not None:
             require(self.minibatch_size % self.num_steps == 0,
                     f"algo.minibatch_size={self.minibatch_size} is not a whole number of sequences of "
-                    f"algo.num_steps={self.num_steps} (algo.network={self.network} splits minibatches by env)")
+                    f"algo.num_steps={self.num_steps} ({who} splits minibatches by env)")
         else:
             require(envs % self.num_minibatches == 0,
                     f"algo.num_minibatches={self.num_minibatches} does not divide {what}={envs} "
-                    f"(algo.network={self.network} splits minibatches by env)")
+                    f"({who} splits minibatches by env)")
 
     def check_split(self, batch: int, what: str) -> None:
         """The batch splits evenly into minibatches (by count, or by `minibatch_size`)."""
@@ -674,6 +675,10 @@ def check_policy(cfg: Config, suite: str, recurrent: bool, env_masked: bool) -> 
     a = cfg.algo
     if recurrent:
         check_recurrent(cfg, suite)
+        if not a.recurrent:  # a plugin's (or a module handed to `make_train`): its sizes, once known
+            fused = cfg.trainer.name == "fused"
+            a.check_sequences(cfg.env.num_envs if fused else cfg.backend.envs_per_shard,
+                              "env.num_envs" if fused else "backend.envs_per_shard")
     mask = resolve_auto(a.action_mask, "algo.action_mask", env_masked)
     require(not mask or env_masked, f"algo.action_mask=true with env.id={cfg.env.id} ({suite}): "
             "this env gives no legal actions to mask")

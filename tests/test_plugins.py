@@ -161,3 +161,23 @@ def test_a_plugin_that_breaks_its_contract_is_one_line_naming_the_key(monkeypatc
         make_scheduler(SchedulerConfig(name="noargs"), BackendConfig())
     with pytest.raises(ConfigError, match="^backend.name: 'half' made a Half, which lacks run_round, close"):
         make_backend(BackendConfig(name="half"))
+
+    import flax.linen as nn
+
+    class Logits(nn.Module):  # a plain array, not a PolicyOut
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    class Column(nn.Module):  # a value of [B, 1]: the loss would broadcast it against [B]
+        @nn.compact
+        def __call__(self, x):
+            from jaxrl_dist.core.networks import PolicyOut
+
+            return PolicyOut(nn.Dense(2)(x), x[0, :2] * 0, nn.Dense(1)(x))
+
+    for name, module, got in (("logits", Logits, "ShapeDtypeStruct"), ("column", Column, r"PolicyOut of shapes")):
+        monkeypatch.setitem(NETWORKS._builtin, name, lambda spec, sizes, activation, options, m=module: m())
+        with pytest.raises(ConfigError, match=f"^algo.network={name}: on 2 observations it returned {got}.*"
+                           r"a network returns PolicyOut\(logits or mean \[2, 2\]"):
+            make_network(make_env("CartPole-v1", 1).spec, name)

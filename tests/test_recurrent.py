@@ -280,6 +280,19 @@ def test_unsupported_paths_are_one_line_exit_2_before_any_compile(tmp_path):
     assert not list(tmp_path.glob("**/metrics.jsonl"))
 
 
+def test_a_recurrent_module_handed_to_make_train_is_checked_as_a_named_one():
+    """The sequence split is checked from the built network, not only from `algo.network`."""
+    from jaxrl_dist import AlgoConfig, Config, EnvConfig, make_env, make_train
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.core.networks import make_network
+
+    env = make_env("CartPole-v1", 2)
+    gru = make_network(env.spec, "gru", (64, 64), "tanh", {"hidden_size": 8})
+    cfg = Config(env=EnvConfig(num_envs=2), algo=AlgoConfig(total_timesteps=4096))
+    with pytest.raises(ConfigError, match=r"^algo.num_minibatches=4 does not divide env.num_envs=2 \(a recurrent"):
+        make_train(cfg, env, network=gru)
+
+
 # --- the hide wrapper ----------------------------------------------------------------------
 
 def test_hide_removes_the_chosen_entries_everywhere():

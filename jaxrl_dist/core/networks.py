@@ -116,8 +116,9 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
     plugin `network` names with its `options` (a mapping it validates)."""
     factory, opts = checked_network(network, options)
     if factory is not None:
-        return made("algo.network", network, factory, "factory(spec, hidden_sizes, activation, options) -> "
-                    "flax module", ("init", "apply"), spec, tuple(hidden_sizes), activation, opts)
+        module = made("algo.network", network, factory, "factory(spec, hidden_sizes, activation, options) -> "
+                      "flax module", ("init", "apply"), spec, tuple(hidden_sizes), activation, opts)
+        return check_output(module, spec, f"algo.network={network}")
     torso = network
     if torso == "auto":
         torso = "cnn" if is_frame_stack(spec.obs_shape) else "mlp"
@@ -127,6 +128,34 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
                           "layout): use algo.network=mlp (or auto)")
     return ActorCritic(spec.num_actions, spec.discrete, torso, tuple(hidden_sizes), activation,
                        max(1, len(spec.obs_shape)))
+
+
+def check_output(network, spec: EnvSpec, what: str):
+    """`network`, once its output on two dummy observations (abstractly: nothing runs)
+    has `PolicyOut`'s shapes (a recurrent one's: `(carry, PolicyOut[1, 2])` for one step);
+    else one line naming `what` and the contract, not a shape error deep in the loss."""
+    A, B, recurrent = spec.num_actions, 2, is_recurrent(network)
+    lead = (1, B) if recurrent else (B,)
+
+    def apply():
+        params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.key(0))
+        obs = jnp.zeros(lead + tuple(spec.obs_shape), spec.obs_dtype)
+        if not recurrent:
+            return network.apply(params, obs)
+        out = network.apply(params, network.initialize_carry(B), obs, jnp.zeros(lead, bool))
+        return out[1] if isinstance(out, tuple) and len(out) == 2 else out
+
+    out = jax.eval_shape(apply)
+    shapes = [tuple(getattr(x, "shape", ())) for x in out] if isinstance(out, tuple) and len(out) == 3 else None
+    ok = shapes is not None and shapes[0] == lead + (A,) and shapes[2] == lead and (
+        spec.discrete or shapes[1] in ((A,), lead + (A,)))
+    if not ok:
+        got = f"{type(out).__name__} of shapes {shapes}" if shapes else type(out).__name__
+        dims = ", ".join(map(str, lead))
+        raise ConfigError(f"{what}: on {B} observations it returned {got}; a {'recurrent ' * recurrent}network "
+                          f"returns {'(carry, ...) with ' * recurrent}PolicyOut(logits or mean [{dims}, {A}], "
+                          f"log_std [{A}] or [{dims}, {A}], value [{dims}])")
+    return network
 
 
 def checked_network(network: str, options=None) -> tuple:

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_dist.core import learner, mesh as meshes, ppo, rng
 from jaxrl_dist.config import Config, ConfigError, Derived, check_policy, derive, num_minibatches, require, validate
-from jaxrl_dist.core.networks import is_recurrent, make_network
+from jaxrl_dist.core.networks import check_output, is_recurrent, make_network
 from jaxrl_dist.core.rollout import RolloutOptions, init_actor, make_rollout
 from jaxrl_dist.core.types import RunnerState
 
@@ -52,7 +52,8 @@ def make_setup(cfg: Config, spec, unroll: int = 1, network=None, loss=None) -> S
     mesh = data_mesh(cfg, spec)
     derived = derive(cfg, continuous=not spec.discrete)
     a = cfg.algo
-    network = network or make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options)
+    network = (check_output(network, spec, "make_train(network=...)") if network is not None
+               else make_network(spec, a.network, a.hidden_sizes, a.activation, a.network_options))
     mask = check_policy(cfg, spec.suite, is_recurrent(network), spec.masked)
     m = num_minibatches(a, derived.batch_size)
     make_tx = learner.tx_maker(a, derived.num_updates * a.update_epochs * m)
