@@ -14,6 +14,7 @@ import difflib
 import importlib
 import importlib.util
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -548,6 +549,25 @@ RESUMED = ("progress", "compile_cache")
 # and the backend keys it takes when its backend is the saved one's: where the actors are
 # and how to reach them (instances that came back at new addresses), not what they compute
 RESUMED_BACKEND = ("urls", "token", "token_file", "address")
+# the keys a resumed run reads from its caller (`trainer.distributed.*`: `launch` sets them)
+RESUMED_KEYS = ("run.resume", "run.dir", "trainer.distributed", *(f"run.{key}" for key in RESUMED))
+
+
+def check_resumed(cfg: "Config", keys: Sequence[str], saved_backend: str) -> None:
+    """A resumed run trains the config saved in its directory: each of `keys` (set beside
+    `run.resume`) must be one it reads from its caller (`RESUMED_KEYS`, and where its
+    actors are when `cfg.backend` is the saved one, `saved_backend`), else one line naming
+    it, not silently dropped; and `run.dir` is the resumed one's own."""
+    taken = " and ".join(f"run.{key}" for key in RESUMED) + ", and where its actors are: " + ", ".join(
+        f"backend.{key}" for key in RESUMED_BACKEND if key != "token")  # the command line takes no token
+    actors = ("backend", *(f"backend.{k}" for k in RESUMED_BACKEND)) if cfg.backend.name == saved_backend else ()
+    for key in keys:
+        if key.startswith("hydra") or key in actors or any(key == k or key.startswith(k + ".") for k in RESUMED_KEYS):
+            continue
+        raise ConfigError(f"{key}: run.resume={cfg.run.resume} continues with the config saved in that "
+                          f"directory; drop the key (a resumed run takes only {taken})")
+    require(not cfg.run.dir or os.path.realpath(cfg.run.dir) == os.path.realpath(cfg.run.resume),
+            f"run.dir={cfg.run.dir}: a resumed run stays in its own directory (run.resume={cfg.run.resume})")
 
 
 def key_kind(key: str) -> str:
@@ -780,10 +800,11 @@ def typed(schema_obj, data, prefix: str = ""):
         raise ConfigError(omegaconf_message(err, config_keys(OmegaConf.to_container(node)), prefix)) from None
 
 
-def from_dict(data: dict, user_keys: Sequence[str] = ()) -> Config:
+def from_dict(data: dict, user_keys: Optional[Sequence[str]] = None) -> Config:
     """A checked `Config` from nested plain dicts (OmegaConf's typed merge: unknown keys and
-    wrong types are errors naming the key); a key in `user_keys` (the keys a user set)
-    that the chosen trainer ignores is an error too. `trainer` may be a plain name."""
+    wrong types are errors naming the key); a key the caller set (`user_keys`; None: each
+    key whose value is not its default) that the chosen trainer ignores is an error too.
+    `trainer` may be a plain name."""
     data = dict(data or {})
     for old in MOVED:
         require(old not in data, unknown_key(old, ()))
@@ -795,8 +816,27 @@ def from_dict(data: dict, user_keys: Sequence[str] = ()) -> Config:
         if isinstance(name, str):
             setattr(start, group, schema(group, name)())
     cfg = validate(typed(start, data))
-    cfg.check_used(list(user_keys))
+    cfg.check_used(changed_keys(cfg) if user_keys is None else list(user_keys))
     return cfg
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """`{"a.b": leaf}` of a nested dict."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def changed_keys(cfg: Config) -> list:
+    """The dotted keys whose values differ from their defaults (the chosen backend's and
+    scheduler's schemas): what a library caller set, for `check_used`."""
+    base = Config(backend=schema("backend", cfg.backend.name)(), scheduler=schema("scheduler", cfg.scheduler.name)())
+    default = flat(to_dict(base))
+    return [k for k, v in flat(to_dict(cfg)).items() if k not in default or default[k] != v]
 
 
 def to_dict(cfg: Config) -> dict:

@@ -29,8 +29,9 @@ def config(run_dir: Path, trainer: str = "async", updates: int = 8, backend: dic
         "algo": {"total_timesteps": updates * PER_UPDATE, "num_steps": STEPS, "num_minibatches": 4,
                  "update_epochs": 2},
         "backend": {"name": "local", "max_shards": 8, "envs_per_shard": ENVS, **(backend or {})},
-        "scheduler": {"name": "fixed", "num_shards": K},
-        "asynchronous": {"batch_chunks": K, "actors": K, "balance": False, **async_},
+        # the other trainer's keys would be an error (each reads only its own)
+        **({"scheduler": {"name": "fixed", "num_shards": K}} if trainer == "sync" else
+           {"asynchronous": {"batch_chunks": K, "actors": K, "balance": False, **async_}}),
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False},
     })
 

@@ -130,6 +130,12 @@ def test_round_trainer_config_errors_name_the_key():
         from_dict({"trainer": "sync", "backend": {"name": "local"}, "num_seeds": 2})
     with pytest.raises(ConfigError, match="backend.envs_per_shard"):
         from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 3}, "algo": {"num_minibatches": 4, "num_steps": 1}})
+    # what a library caller sets that the run would not read, as on the command line
+    with pytest.raises(ConfigError, match="^scheduler.num_shards: trainer=fused does not use it"):
+        from_dict({"scheduler": {"num_shards": 8}})
+    with pytest.raises(ConfigError, match="^env.wrapper_options.indices: no env.wrapper is set"):
+        from_dict({"env": {"wrapper_options": {"indices": [1]}}})
+    assert from_dict({"scheduler": {"num_shards": 8}}, ()).scheduler.num_shards == 8  # a whole saved config
 
 
 def test_no_recompile_after_the_first_round(tmp_path):

@@ -42,9 +42,10 @@ def sync_config(run_dir: Path, backend: dict, rounds: int, shards: int = SHARDS,
     """`rounds` rounds of `shards` shards (`trainer=async`: updates of `shards` chunks)."""
     return from_dict({
         "trainer": trainer,
-        "asynchronous": {"batch_chunks": shards, "actors": shards, "balance": False, **async_},
         "backend": {"max_shards": shards, "envs_per_shard": ENVS, "shard_timeout": TIMEOUT, **backend},
-        "scheduler": {"name": "fixed", "num_shards": shards},
+        # the other trainer's keys would be an error (each reads only its own)
+        **({"scheduler": {"name": "fixed", "num_shards": shards}} if trainer == "sync" else
+           {"asynchronous": {"batch_chunks": shards, "actors": shards, "balance": False, **async_}}),
         "algo": {"total_timesteps": rounds * shards * ENVS * STEPS, "num_steps": STEPS},
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": cache},
     })

@@ -129,7 +129,14 @@ def test_envpool_resume_resets_envs_and_finishes(tmp_path):
     assert finished_steps(tmp_path)[-1] == first["num_updates"] == 40
     for step in finished_steps(tmp_path)[-2:]:  # as if killed after update 20
         shutil.rmtree(tmp_path / "checkpoints" / str(step))
-    resumed = train(from_dict({"run": {"resume": str(tmp_path), "progress": False,
+    from jaxrl_dist.config import ConfigError
+
+    for given, key in (({"algo": {"lr": 0.5}}, "algo.lr"), ({"algo": {"total_timesteps": 64 * 80}}, "algo.total_timesteps"),
+                       ({"run": {"dir": str(tmp_path / "other")}}, "run.dir")):  # not silently the saved run's
+        with pytest.raises(ConfigError, match=f"^{key}"):
+            train(from_dict({**given, "run": {"resume": str(tmp_path), **given.get("run", {})}}))
+    resumed = train(from_dict({"algo": {"num_steps": 16},  # the saved value: taken
+                               "run": {"resume": str(tmp_path), "progress": False,
                                        "compile_cache": False}}))
     assert resumed["resumed_at_update"] == 20
     assert [r["update"] for r in read_metrics(tmp_path)] == list(range(1, 41))

@@ -75,7 +75,7 @@ def test_train_writes_complete_run_dir(tmp_path):
 
     import yaml
 
-    saved = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    saved = from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()), ())
     assert saved.algo.total_timesteps == 10240 and saved.run.dir == str(run_dir)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "checkpoints" / "20").is_dir()  # the final checkpoint
@@ -161,7 +161,7 @@ def test_yaml_defaults_match_the_dataclass_defaults():
         trainer=dataclasses.replace(expected.trainer, name="sync"),
         algo=dataclasses.replace(expected.algo, minibatch_size=128),
         run=dataclasses.replace(expected.run, target_return=475.0))
-    assert from_dict(cli.compose([])) == expected
+    assert from_dict(cli.compose([]), ()) == expected
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -200,23 +200,23 @@ def test_a_coefficient_out_of_range_is_one_line(override, line):
 
 @pytest.mark.parametrize("preset", cli.presets())
 def test_every_preset_composes_to_a_valid_config(preset):
-    cfg = from_dict(cli.compose([f"env={preset}"]))
+    cfg = from_dict(cli.compose([f"env={preset}"]), ())
     assert cfg.env.id and cfg.env.num_envs > 0
 
 
 def test_preset_values_are_defaults_that_overrides_win():
-    cfg = from_dict(cli.compose(["env.id=Pendulum-v1", "algo.lr=1e-3", "algo.total_timesteps=1e6"]))
+    cfg = from_dict(cli.compose(["env.id=Pendulum-v1", "algo.lr=1e-3", "algo.total_timesteps=1e6"]), ())
     assert cfg.env.id == "Pendulum-v1" and cfg.algo.lr == 1e-3
     assert cfg.algo.total_timesteps == 1_000_000
-    hopper = from_dict(cli.compose(["env=hopper", "algo.num_minibatches=16"]))
+    hopper = from_dict(cli.compose(["env=hopper", "algo.num_minibatches=16"]), ())
     assert (hopper.env.id, hopper.env.suite, hopper.algo.num_minibatches) == ("Hopper-v3", "envpool", 16)
     assert hopper.algo.update_epochs == 10 and hopper.algo.clip_vloss
 
 
 def test_env_kwargs_is_an_open_mapping():
-    cfg = from_dict(cli.compose(["env.kwargs.max_episode_steps=100"]))
+    cfg = from_dict(cli.compose(["env.kwargs.max_episode_steps=100"]), ())
     assert cfg.env.kwargs == {"max_episode_steps": 100}
-    cfg = from_dict(cli.compose(["env.kwargs={a: 1, b: x}"]))
+    cfg = from_dict(cli.compose(["env.kwargs={a: 1, b: x}"]), ())
     assert cfg.env.kwargs == {"a": 1, "b": "x"}
 
 
@@ -248,7 +248,7 @@ def test_an_env_id_gets_the_defaults_that_fit_it(env_id, preset, target):
     from jaxrl_dist.cli.compose import task_preset
 
     assert task_preset([f"env.id={env_id}"])[0] == f"env={preset}"
-    cfg = from_dict(cli.compose([f"env.id={env_id}"]))
+    cfg = from_dict(cli.compose([f"env.id={env_id}"]), ())
     assert cfg.env.id == env_id and cfg.run.target_return == target
     if preset.startswith("auto_"):
         assert cfg.scheduler.min_return is None and cfg.scheduler.max_return is None

@@ -155,7 +155,7 @@ def test_a_limit_that_is_not_positive_is_one_line_exit_2(tmp_path, capsys):
 def test_presets_compose():
     from jaxrl_dist.cli import compose as cli
 
-    presets = {p: from_dict(cli.compose([f"cost={p}"])).cost
+    presets = {p: from_dict(cli.compose([f"cost={p}"]), ()).cost
                for p in ("azure_aci", "aws_lambda", "gcp_cloud_run", "vm_cluster")}
     assert presets["azure_aci"] == CostConfig()  # the dataclass defaults are the default preset
     assert {p: c.kind for p, c in presets.items()} == {"azure_aci": "serverless", "aws_lambda": "serverless",

@@ -80,8 +80,8 @@ def rounds(tmp_path, name="local", urls=(), trainer="sync", **async_):
         "algo": {**SMALL, "total_timesteps": 4 * 4 * 32 * 4},
         "backend": {"name": name, "envs_per_shard": 4, "max_shards": 4,
                     **({"urls": list(urls), "token": TOKEN} if name == "http" else {})},
-        "scheduler": {"name": "fixed", "num_shards": 4},
-        "asynchronous": {"batch_chunks": 4, "actors": 4, "balance": False, **async_},
+        **({"scheduler": {"name": "fixed", "num_shards": 4}} if trainer == "sync" else
+           {"asynchronous": {"batch_chunks": 4, "actors": 4, "balance": False, **async_}}),
         "run": {**RUN, "dir": str(tmp_path)},
     }))
 

@@ -372,7 +372,7 @@ def test_absolute_limits_tell_a_tight_budget_from_a_loose_one_from_the_first_rou
         assert f["budget_left"] == pytest.approx([1.0, 1.0]) and f["budget_rounds"] == pytest.approx([want] * 2)
         assert f["time_rounds"] == pytest.approx([0.9, 0.9])
         budget = want * scale.ref_usd * scale.max_rounds  # the same budget in a live run
-        live = cost.run_left(from_dict({"run": {"budget_usd": budget}}).run, 0.0, 0.0)
+        live = cost.run_left(from_dict({"trainer": "sync", "run": {"budget_usd": budget}}).run, 0.0, 0.0)
         x = dict(zip(mdp.FEATURES, mdp.features(mdp.obs_from_records([], scale, live), scale, np)))
         assert x["budget_rounds"] == pytest.approx(want) and x["time_rounds"] == 1.0
         _, out = jax.jit(env.step)(state, jnp.array([0, 0]), jax.random.key(1))

@@ -24,9 +24,9 @@ QUIET = {"progress": False, "tensorboard": False, "compile_cache": False}
 def config(run_dir: Path, trainer: str = "sync", rounds: int = 12, **backend) -> object:
     return from_dict({
         "trainer": trainer,
-        "asynchronous": {"batch_chunks": SHARDS, "actors": SHARDS, "balance": False},
         "backend": {"max_shards": SHARDS, "envs_per_shard": ENVS, **backend},
-        "scheduler": {"name": "fixed", "num_shards": SHARDS},
+        **({"scheduler": {"name": "fixed", "num_shards": SHARDS}} if trainer == "sync" else
+           {"asynchronous": {"batch_chunks": SHARDS, "actors": SHARDS, "balance": False}}),
         "algo": {"total_timesteps": rounds * SHARDS * ENVS * STEPS, "num_steps": STEPS,
                  "num_minibatches": 2, "update_epochs": 2},
         "run": {"dir": str(run_dir), "checkpoint_every": 4, **QUIET},

@@ -19,8 +19,9 @@ def config(run_dir, trainer="sync"):
         "trainer": trainer, "algo": {"total_timesteps": 3 * 2 * 4 * 16, "num_steps": 16,
                                      "num_minibatches": 2, "update_epochs": 1},
         "backend": {"name": "local", "envs_per_shard": 4, "max_shards": 2},
-        "scheduler": {"name": "fixed", "num_shards": 2},
-        "asynchronous": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0},
+        # the other trainer's keys would be an error (each reads only its own)
+        **({"scheduler": {"name": "fixed", "num_shards": 2}} if trainer == "sync" else
+           {"asynchronous": {"batch_chunks": 2, "actors": 2, "balance": False, "max_staleness": 0}}),
         "run": {"dir": str(run_dir), "progress": False, "tensorboard": False, "compile_cache": False},
     })
 

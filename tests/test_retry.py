@@ -238,7 +238,7 @@ class Flaky:
 
 @pytest.fixture(scope="module")
 def shard_parts():
-    cfg = from_dict({"backend": {"name": "local", "envs_per_shard": 2, "max_retries": 2,
+    cfg = from_dict({"trainer": "sync", "backend": {"name": "local", "envs_per_shard": 2, "max_retries": 2,
                                  "retry_backoff_s": 0.01},
                      "algo": {"num_steps": 8, "num_minibatches": 2}})
     program = shard.ShardProgram(shard.spec_from_config(cfg, "gymnax", False))

@@ -35,7 +35,7 @@ from jaxrl_dist.cli import COMMANDS
 from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_message, load_config, normalise, one_line,
                                     override_keys, presets, resumed_backend, saved_backend, store_schemas, task_preset,
                                     unknown_preset)
-from jaxrl_dist.config import (RESUMED, RESUMED_BACKEND, SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig,
+from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_resumed,
                                distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
@@ -50,8 +50,6 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
                 "--config-dir", "--experimental-rerun")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
-# the keys a resumed run reads from the command line (`trainer.distributed.*`: `launch` sets them)
-RESUMED_KEYS = ("run.resume", "run.dir", "trainer.distributed", *(f"run.{key}" for key in RESUMED))
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
 # this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
 _state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
@@ -78,7 +76,7 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
     require("scheduler.init_from" not in keys, "scheduler.init_from: only `jaxrl-dist "
             "scheduler train` reads it (the file to fine-tune from); a run loads scheduler.path")
     if config.run.resume:
-        _check_resumed(config, keys)
+        check_resumed(config, keys, saved_backend(config.run.resume).get("name"))
     else:  # a resumed run checks the config saved with it
         from jaxrl_dist.trainers.parts import check_parts  # the env suites, network and loss import JAX
 
@@ -88,23 +86,6 @@ def _checked(cfg, overrides: Sequence[str]) -> Config:
     if config.logger.wandb:
         needs("wandb", "wandb", "logger.wandb=true", load=False)
     return config
-
-
-def _check_resumed(config: Config, keys: Sequence[str]) -> None:
-    """A resumed run trains the config saved in its directory: a key set beside
-    `run.resume` that it would not read is an error naming it, not silently dropped."""
-    taken = " and ".join(f"run.{key}" for key in RESUMED) + ", and where its actors are: " + ", ".join(
-        f"backend.{key}" for key in RESUMED_BACKEND if key != "token")  # the command line takes no token
-    backend = saved_backend(config.run.resume).get("name")
-    for key in keys:
-        if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMED_KEYS):
-            continue
-        if config.backend.name == backend and (key == "backend" or key in (f"backend.{k}" for k in RESUMED_BACKEND)):
-            continue  # the saved backend's, at its new addresses
-        raise ConfigError(f"{key}: run.resume={config.run.resume} continues with the config saved in that "
-                          f"directory; drop the key (a resumed run takes only {taken})")
-    require(not config.run.dir or Path(config.run.dir).resolve() == Path(config.run.resume).resolve(),
-            f"run.dir={config.run.dir}: a resumed run stays in its own directory (run.resume={config.run.resume})")
 
 
 def _check_run_dir(config: Config, run_dir: Optional[str]) -> None:

@@ -336,7 +336,7 @@ def load_run_config(run_dir: Path, key: str = "run.resume") -> Config:
                           f"(it holds a {type(data).__name__})")
     try:
         data = _saved_before_the_schemas(data)
-        return from_dict(data)
+        return from_dict(data, ())  # what the run was given was checked when it started
     except (TypeError, ValueError) as err:  # ConfigError, or a value no check foresaw
         raise ConfigError(f"{key}: {path}: {' '.join(str(err).split())}") from None
 

@@ -21,7 +21,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
-from jaxrl_dist.config import Config, key_kind, to_dict
+from jaxrl_dist.config import Config, flat, key_kind, to_dict
 from jaxrl_dist.core import ppo
 from jaxrl_dist.envs import env_of, resolve_suite
 from jaxrl_dist.trainers import checkpoint, fused, interrupt
@@ -30,7 +30,6 @@ from jaxrl_dist.trainers.progress import RecentReturn, make_display
 from jaxrl_dist.trainers.rundir import finish_run, open_logs, prepare_run
 from jaxrl_dist.trainers.runner import compile_beside, placed, run_chunks, summary_of
 from jaxrl_dist.trainers.summary import Group, RunSummary
-from jaxrl_dist.trainers.tracking import flat
 
 
 def shaping(cfg: Config) -> tuple:

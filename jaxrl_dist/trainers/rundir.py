@@ -17,11 +17,12 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jaxrl_dist.config import RESUMED, RESUMED_BACKEND, Config, ConfigError, to_dict, without_secrets
+from jaxrl_dist.config import (RESUMED, RESUMED_BACKEND, Config, ConfigError, changed_keys, check_resumed, flat, to_dict,
+                               without_secrets)
 from jaxrl_dist.platform import cpu_model
 from jaxrl_dist.trainers import checkpoint
 from jaxrl_dist.trainers.logger import MetricsLogger, summary_table
-from jaxrl_dist.trainers.tracking import flat, open_tracker
+from jaxrl_dist.trainers.tracking import open_tracker
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -231,12 +232,14 @@ def writable_file(path, flag: str) -> Path:
     return path
 
 
-def prepare_run(cfg: Config, run_dir=None) -> tuple:
+def prepare_run(cfg: Config, run_dir=None, check_keys: bool = False) -> tuple:
     """Resolve the run directory and, for `run.resume`, the saved config.
 
     A resumed run takes its directory's `config.yaml`; only the `run` keys of
     `config.RESUMED` (which cannot change results) come from `cfg`, and those of
-    `config.RESUMED_BACKEND` set there when its backend is the saved one. A fresh run's
+    `config.RESUMED_BACKEND` set there when its backend is the saved one (`check_keys`, for
+    a library caller: any other key `cfg` sets to a value the saved config lacks is a
+    `ConfigError` naming it, as the CLI's check of its overrides is). A fresh run's
     config is saved there (`config.yaml`), by the first process of a multi-process run.
     With `run.compile_cache`, JAX's persistent compile cache is on from here, for a job
     alone and for each job of a group alike. Returns `(cfg, run_dir, resuming)`.
@@ -245,6 +248,9 @@ def prepare_run(cfg: Config, run_dir=None) -> tuple:
     if resuming:
         run_dir = Path(cfg.run.resume)
         saved = check_resumable(run_dir)
+        if check_keys:
+            mine, theirs = flat(to_dict(cfg)), flat(to_dict(saved))
+            check_resumed(cfg, [k for k in changed_keys(cfg) if mine[k] != theirs.get(k)], saved.backend.name)
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   **{key: getattr(cfg.run, key) for key in RESUMED})
         cfg = dataclasses.replace(saved, run=run, backend=_resumed_backend(saved.backend, cfg.backend))

@@ -207,7 +207,7 @@ def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0, checked: bool = F
         if not cfg.run.resume:  # a resumed run trains the config saved with it, checked then
             check_parts(cfg)
     distributed.initialize(cfg.trainer.distributed)  # before anything asks JAX for devices
-    cfg, run_dir, resuming = prepare_run(cfg, run_dir)  # the compile cache on, if asked
+    cfg, run_dir, resuming = prepare_run(cfg, run_dir, check_keys=not checked)  # the compile cache on, if asked
     # Ctrl-C: a checkpoint, then `interrupt.Interrupted`
     unit = interrupt.step_unit(cfg.trainer.name)
     with interrupt.stop_on_sigint(unit), interrupt.one_line_when_stopped_at_once(

@@ -18,17 +18,6 @@ from jaxrl_dist.config import LoggerConfig, needs
 WANDB_ID_FILE = "wandb_id"
 
 
-def flat(tree: dict, prefix: str = "") -> dict:
-    """`{"a.b": leaf}` of a nested dict (for hyperparameter tables)."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def numeric(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
