@@ -591,9 +591,16 @@ class Config:
     seed: int = 0
     num_seeds: int = 1
 
-    def __post_init__(self):  # what a library caller may write for short: `trainer="sync"`, lists for tuples
-        if isinstance(self.trainer, str):
-            self.trainer = TrainerConfig(name=self.trainer)
+    def __post_init__(self):
+        """What a library caller may write for short: `trainer="sync"`, `backend="ray"`, a
+        part as a mapping (`algo={"lr": 3e-4}`, typed as `from_dict` types it), lists for tuples."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and f.name in ("trainer", *SCHEMAS):
+                value = {"name": value}
+            if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+                cls = schema(f.name, value.get("name")) if f.name in SCHEMAS else f.default_factory
+                setattr(self, f.name, typed(cls, value, f"{f.name}."))
         self.backend = as_schema("backend", self.backend)
         self.scheduler = as_schema("scheduler", self.scheduler)
         _tuples(self)
@@ -706,7 +713,21 @@ def check_policy(cfg: Config, suite: str, recurrent: bool, env_masked: bool) -> 
 
 
 def validate(cfg: Config) -> Config:
-    """Check a config without touching JAX; raises `ConfigError` naming the key."""
+    """Check a config without touching JAX; raises `ConfigError` naming the key. A config
+    a library caller built is type-checked first, as OmegaConf checks a composed one
+    (`total_timesteps=2e4` is a float where an integer goes)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for f in dataclasses.fields(cfg):
+        part = getattr(cfg, f.name)
+        require(dataclasses.is_dataclass(part) or (isinstance(part, int) and not isinstance(part, bool)),
+                f"{f.name} must be {'an integer' if f.type == 'int' else f'a {f.type}'}, got {part!r}")
+        try:
+            if dataclasses.is_dataclass(part):
+                OmegaConf.structured(part)  # validates each value against its field's type
+        except OmegaConfBaseException as err:
+            raise ConfigError(omegaconf_message(err, prefix=f"{f.name}.")) from None
     cfg.check()
     return cfg
 

@@ -286,3 +286,27 @@ def test_hydra_s_flags_see_the_config_that_would_train(capsys):
         assert len(err) == 1 and err[0].startswith(line), err
     assert cli.main(["train", "--version"]) == 0
     assert capsys.readouterr().out.startswith("jaxrl-dist ")
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda c: Config(algo=c.AlgoConfig(total_timesteps=2e4)), "algo.total_timesteps"),
+    (lambda c: Config(env=c.EnvConfig(num_envs=4.0)), "env.num_envs"),
+    (lambda c: Config(algo=c.AlgoConfig(hidden_sizes="64")), "algo.hidden_sizes"),
+    (lambda c: Config(algo={"lrr": 1e-3}), "algo.lrr"),
+    (lambda c: Config(seed=1.5), "seed"),
+])
+def test_a_config_built_in_python_is_typed_as_a_composed_one(make, named):
+    """A library caller's dataclasses get the type checks OmegaConf gives a composed config,
+    before anything is written (a float step count failed deep in the first chunk)."""
+    from jaxrl_dist import config as c
+
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        c.validate(make(c))
+
+
+def test_a_config_built_in_python_takes_short_forms():
+    from jaxrl_dist.config import AdaptSchedulerConfig, RayBackendConfig, validate
+
+    cfg = validate(Config(trainer="sync", backend="ray", scheduler={"name": "adapt", "window": 3}, algo={"lr": 3e-4}))
+    assert isinstance(cfg.backend, RayBackendConfig) and isinstance(cfg.scheduler, AdaptSchedulerConfig)
+    assert cfg.scheduler.window == 3 and cfg.algo.lr == 3e-4 and cfg.trainer.name == "sync"

@@ -202,6 +202,8 @@ def train(cfg: Config, run_dir=None, *, launch_s: float = 0.0, checked: bool = F
     phase in a shard trainer's summary.
     """
     t_start = time.perf_counter()
+    if not isinstance(cfg, Config):
+        raise TypeError(f"train takes a Config, got a {type(cfg).__name__} (from_dict builds one from mappings)")
     if not checked:
         validate(cfg)
         if not cfg.run.resume:  # a resumed run trains the config saved with it, checked then
