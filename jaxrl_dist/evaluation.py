@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, derive, needs, require, resolve_auto
+from jaxrl_dist.config import Config, ConfigError, EvalConfig, derive, needs, require, resolve_auto, typed
 from jaxrl_dist.core import normalize
 from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, mask_logits
 from jaxrl_dist.core.networks import step as step_policy
@@ -290,9 +290,12 @@ class EvalResult(NamedTuple):
         return {k: v for k, v in self._asdict().items() if v is not None or not k.startswith("video")}
 
 
-def evaluate(run_dir, opts) -> dict:
-    """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`); writes
-    and returns `RUN_DIR/eval.json`."""
+def evaluate(run_dir, opts=None) -> dict:
+    """Evaluate the run's policy over `opts.episodes` episodes (an `EvalConfig`, or a
+    mapping of its keys; None: its defaults); writes and returns `RUN_DIR/eval.json`."""
+    # its types and ranges checked as the CLI's are (episodes=0 was a modulo by zero in a reshape)
+    opts = typed(EvalConfig, dataclasses.asdict(opts) if isinstance(opts, EvalConfig) else opts or {}, "eval.")
+    opts.check()
     saved = load_run_config(Path(run_dir), "eval")
     if saved.trainer.name == "fused" and not 0 <= opts.seed_index < saved.num_seeds:  # named as typed
         raise ConfigError(f"eval.seed_index: {opts.seed_index} is not one of the run's {saved.num_seeds} seeds")

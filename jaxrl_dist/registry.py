@@ -121,6 +121,19 @@ def options(target: Any, given: Mapping, key: str) -> Any:
         if given:
             raise ConfigError(f"{key}.{sorted(given)[0]}: {getattr(target, '__name__', 'it')} takes no options")
         return None
+    who = getattr(target, "__name__", type(target).__name__)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        what = "a plain class" if isinstance(cls, type) else f"a {type(cls).__name__}"
+        raise ConfigError(f"{key}: {who}.Options is {what}, not a dataclass (a plugin declares its options as "
+                          "a dataclass)")
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:  # the plugin's own declaration: a field type OmegaConf cannot hold, a default of the wrong type
+        OmegaConf.structured(cls)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{key}: {who}.Options cannot be read as a config ({' '.join(str(err).split())}): "
+                          "a plugin's mistake, not the options given") from None
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(given) - set(names))
     if unknown:

@@ -419,6 +419,29 @@ def test_a_suite_plugin_that_fails_to_import_troubles_only_ids_no_other_suite_ha
         resolve_suite("NoSuchEnv-v0")
 
 
+def test_a_suite_plugin_that_breaks_its_contract_is_one_line_naming_it(monkeypatch):
+    """A suite without part of its contract, a make of another signature, a make that
+    returns no adapter or another number of envs: one line each, not an AttributeError or
+    a run that trains (and counts its steps) on the wrong batch."""
+    from jaxrl_dist.envs import SUITES, EnvMakeError, make_env
+    from jaxrl_dist.envs.gymnax_env import GymnaxEnv
+
+    def suite(make, without=()):
+        parts = {"hint": "test", "installed": staticmethod(lambda: True), "has": staticmethod(lambda i: i == "Toy-v0"),
+                 "make": staticmethod(make)}
+        return type("Toy", (), {k: v for k, v in parts.items() if k not in without})
+
+    cases = [(suite(lambda *a: None, ("make",)), "the suite 'toy' lacks make"),
+             (suite(lambda env_id, num_envs: None), "its make cannot be called as make"),
+             (suite(lambda i, n, seed=0, num_threads=0, kwargs=None: "cartpole"), "returned a str, which lacks spec"),
+             (suite(lambda i, n, seed=0, num_threads=0, kwargs=None: GymnaxEnv("CartPole-v1", n + 1)),
+              r"make\('Toy-v0', num_envs=4\) returned 5 envs")]
+    for cls, said in cases:
+        monkeypatch.setitem(SUITES._builtin, "toy", cls)
+        with pytest.raises(EnvMakeError, match=f"^env.suite.*{said}"):
+            make_env("Toy-v0", 4, "toy")
+
+
 def test_an_envpool_env_is_made_without_gymnasium_s_space_warnings():
     """envpool's float64 space bounds made gymnasium warn on every env made (noise)."""
     import warnings

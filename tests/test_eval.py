@@ -161,3 +161,16 @@ def test_a_run_trained_with_a_loss_plugin_loads_without_it(solved, tmp_path):
     assert "loss: not_installed_here" in config.read_text()
     actions = load_policy(copy)(jnp.zeros((3, 4)))
     assert actions.shape == (3,)
+
+
+@pytest.mark.parametrize("opts, named", [({"episodes": 0}, "eval.episodes"), ({"max_steps": -5}, "eval.max_steps"),
+                                         ({"episodes": 2.5}, "eval.episodes"), ({"epsiodes": 3}, "eval.epsiodes")])
+def test_evaluate_checks_its_options_as_the_cli_does(tmp_path, opts, named):
+    """`evaluate(RUN_DIR, opts)` from a library: an `EvalConfig` or a mapping, checked first."""
+    from jaxrl_dist.config import EvalConfig
+    from jaxrl_dist.evaluation import evaluate
+
+    for given in (opts, None if "epsiodes" in opts or isinstance(opts.get("episodes"), float) else EvalConfig(**opts)):
+        if given is not None:
+            with pytest.raises(CliConfigError, match=named):
+                evaluate(tmp_path, given)

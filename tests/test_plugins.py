@@ -181,3 +181,28 @@ def test_a_plugin_that_breaks_its_contract_is_one_line_naming_the_key(monkeypatc
         with pytest.raises(ConfigError, match=f"^algo.network={name}: on 2 observations it returned {got}.*"
                            r"a network returns PolicyOut\(logits or mean \[2, 2\]"):
             make_network(make_env("CartPole-v1", 1).spec, name)
+
+
+def test_a_plugin_options_declaration_that_cannot_be_read_is_the_plugin_s_line():
+    """`Options` that is no dataclass, or whose default does not fit its type: one line
+    naming the plugin's declaration, not the user's options."""
+    from dataclasses import dataclass
+
+    from jaxrl_dist.config import ConfigError
+    from jaxrl_dist.registry import options
+
+    class Plain:
+        pass
+
+    @dataclass
+    class Wrong:
+        k: int = "x"
+
+    def mine():
+        pass
+
+    for cls, said in ((Plain, "mine.Options is a plain class, not a dataclass"),
+                      (Wrong, "mine.Options cannot be read as a config .*a plugin's mistake")):
+        mine.Options = cls
+        with pytest.raises(ConfigError, match=f"^algo.loss_options: {said}"):
+            options(mine, {}, "algo.loss_options")

@@ -645,3 +645,30 @@ def test_make_train_checks_its_config_and_the_env_size():
     bad = Config(algo=AlgoConfig(minibatch_size=100))
     with pytest.raises(ConfigError, match="algo.minibatch_size=100 does not divide"):
         fused.make_train(bad, make_env("CartPole-v1", 4))
+
+
+@pytest.mark.parametrize("returns, said", [
+    (lambda loss, m: loss, "returned a "),  # the scalar alone
+    (lambda loss, m: (loss, 1.0), "returned a tuple of 2"),
+    (lambda loss, m: (jnp.stack([loss] * 3), m), "returned a tuple of 2"),
+    (lambda loss, m: (loss, {**m, "per_sample": jnp.zeros(3)}), r"returned metrics \['per_sample'\] that are not scalars"),
+])
+def test_a_loss_that_breaks_its_contract_is_one_line_naming_it(real, returns, said):
+    """A plugin loss's output is checked as the update traces it (a wrong structure failed as
+    a shape error in the trainer), and a loss of another signature when it is chosen."""
+    from jaxrl_dist.config import ConfigError
+
+    net, state, opts, (traj, _) = real
+
+    def mine(params, apply_fn, batch, opts, options):
+        return returns(*ppo.ppo_loss(params, apply_fn, batch, opts))
+
+    update = ppo.make_update(net.apply, opts._replace(loss=mine))
+    with pytest.raises(ConfigError, match=f"^algo.loss: the loss mine {said}.*a loss is loss\\(params"):
+        jax.eval_shape(update, state, traj, jnp.zeros((B_,)), jax.random.PRNGKey(3))
+
+    def four(params, apply_fn, batch, opts):
+        return 0.0
+
+    with pytest.raises(ConfigError, match=r"^algo.loss=four: it cannot be called as loss\(params, apply_fn, batch"):
+        ppo.checked_loss(AlgoConfig(), four)

@@ -299,3 +299,28 @@ def test_a_scheduler_without_the_round_contract_is_one_line(monkeypatch):
                                                                       schedulers.GROUP, schedulers.BUILTIN))
     with pytest.raises(ConfigError, match="scheduler.name: 'loose' made a Loose, which lacks expected_shards, most_shards, sees_limits"):
         schedulers.make_scheduler(SchedulerConfig(name="loose"), BackendConfig())
+
+
+def test_a_scheduler_s_bad_answer_is_one_line_naming_it():
+    """A plugin's `propose` that gives no number, a subclass without `propose`, and a
+    `num_shards` (not clipped) outside 1..backend.max_shards: one line naming the
+    scheduler, not an error deep inside the round."""
+    from types import SimpleNamespace
+
+    from jaxrl_dist.trainers.sync import RoundTrainer
+
+    class Nothing(Scheduler):
+        def propose(self, round_, history):
+            return None
+
+    cfg = SchedulerConfig(name="mine")
+    with pytest.raises(ConfigError, match=r"^scheduler.name=mine: propose returned None; it gives a number of shards"):
+        Nothing(cfg, BackendConfig()).num_shards(0, [])
+    with pytest.raises(ConfigError, match=r"^scheduler.name=mine: Scheduler does not define propose"):
+        Scheduler(cfg, BackendConfig()).num_shards(0, [])
+    for answer in (0, 1000, 2.0, None):
+        me = SimpleNamespace(scheduler=SimpleNamespace(sees_limits=False, num_shards=lambda r, h, a=answer: a),
+                             cfg=from_dict({"trainer": "sync", "scheduler": {"name": "fixed"}}))
+        with pytest.raises(ConfigError, match=rf"^scheduler.name=fixed: num_shards returned {answer!r} for round 1; "
+                           r"a scheduler gives a whole number of shards in 1..32"):
+            RoundTrainer._ask(me, 0, [])

@@ -5,6 +5,7 @@ Shapes are time-major: `[T, B]` for per-step values.
 """
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -14,7 +15,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from jaxrl_dist.core import networks
-from jaxrl_dist.config import TRACED, AlgoConfig
+from jaxrl_dist.config import TRACED, AlgoConfig, ConfigError
 from jaxrl_dist.core.types import TrainState, Transition
 from jaxrl_dist.registry import Registry, options as plugin_options
 
@@ -88,11 +89,38 @@ def options(a, loss=None, **settings) -> PPOOptions:
     return PPOOptions(**{**shared, **settings, "loss": fn, "loss_options": opts})
 
 
+_LOSS_CONTRACT = "loss(params, apply_fn, batch, opts, options) -> (scalar, {name: scalar metric})"
+
+
 def checked_loss(a, loss=None) -> tuple:
     """`(loss, options)`: `loss`, else the one `algo.loss` names, and `algo.loss_options`
-    checked by it (`ConfigError`, one line, for an unknown name or option)."""
+    checked by it (`ConfigError`, one line, for an unknown name or option, or a loss that
+    cannot be called with the contract's five arguments)."""
     fn = loss if loss is not None else LOSSES.get(a.loss)
+    try:
+        inspect.signature(fn).bind(*range(5))
+    except TypeError as err:
+        raise ConfigError(f"algo.loss={a.loss if loss is None else _name(fn)}: it cannot be called as "
+                          f"{_LOSS_CONTRACT} ({err})") from None
+    except ValueError:  # no signature to read: the call says
+        pass
     return fn, plugin_options(fn, a.loss_options, "algo.loss_options")
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _checked_out(out, fn):
+    """A loss's `(loss, metrics)` at trace time: a scalar and a mapping of scalars, else one
+    line naming the loss (a wrong structure failed as a shape error far from it)."""
+    ok = isinstance(out, tuple) and len(out) == 2 and jnp.shape(out[0]) == () and isinstance(out[1], dict)
+    bad = [k for k, v in out[1].items() if jnp.shape(v) != ()] if ok else []
+    if not ok or bad:
+        got = f"metrics {bad} that are not scalars" if bad else (
+            f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}")
+        raise ConfigError(f"algo.loss: the loss {_name(fn)} returned {got}; a loss is {_LOSS_CONTRACT}")
+    return out
 
 
 def check_plugins(a: AlgoConfig) -> None:
@@ -313,7 +341,8 @@ def make_update(apply_fn: Callable, opts: PPOOptions):
         flat, unravel = ravel_pytree(state.params)
         loss_fn = opts.loss or ppo_loss
         grad_fn = jax.value_and_grad(
-            lambda f, mb: loss_fn(unravel(f), apply_fn, mb, opts_t, opts.loss_options), has_aux=True)
+            lambda f, mb: _checked_out(loss_fn(unravel(f), apply_fn, mb, opts_t, opts.loss_options), loss_fn),
+            has_aux=True)
 
         def sgd_step(flat, opt_state, mb_idx):
             mb = _minibatch(batch, mb_idx)

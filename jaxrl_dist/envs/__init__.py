@@ -9,6 +9,8 @@ installed suite that has the id: gymnax, jumanji, envpool, brax, then plugins by
 """
 from __future__ import annotations
 
+import inspect
+
 from jaxrl_dist.core.networks import is_frame_stack
 from jaxrl_dist.config import ConfigError, EnvConfig, did_you_mean
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
@@ -27,12 +29,21 @@ SUITES = Registry("env suite", "env.suite", "jaxrl_dist.env_suites",
 _FIRST = ("gymnax", "jumanji", "envpool", "brax")
 
 
+_SUITE_NEEDS = ("installed", "has", "make", "hint")  # what a suite plugin has (the module docstring)
+
+
 def _suite(name: str):
-    """The registered suite `name`, its lookup errors phrased as env errors."""
+    """The registered suite `name`, its lookup errors phrased as env errors; one that
+    lacks part of the suite contract is one line naming it, not an AttributeError."""
     try:
-        return SUITES.get(name)
+        found = SUITES.get(name)
     except ConfigError as err:
         raise EnvMakeError(str(err)) from err
+    missing = [m for m in _SUITE_NEEDS if not hasattr(found, m)]
+    if missing:
+        raise EnvMakeError(f"env.suite: the suite {name!r} lacks {', '.join(missing)} (a suite has installed(), "
+                           "has(env_id), make(env_id, num_envs, seed, num_threads, kwargs) and hint)")
+    return found
 
 
 def _order() -> list:
@@ -82,11 +93,31 @@ def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
     if taken:  # the suite's maker gets these from the config's own keys
         raise EnvMakeError(f"env.kwargs.{taken[0]}: the run sets it; use {_OWN_KEYS[taken[0]]} instead")
     suite = resolve_suite(env_id, suite)
+    make = _suite(suite).make
     try:
-        env = _suite(suite).make(env_id, num_envs, seed, num_threads, kwargs)
+        inspect.signature(make).bind(env_id, num_envs, seed, num_threads, kwargs)
+    except TypeError as err:
+        raise EnvMakeError(f"env.suite={suite}: its make cannot be called as make(env_id, num_envs, seed, "
+                           f"num_threads, kwargs) ({err})") from None
+    except ValueError:  # no signature to read: the call says
+        pass
+    try:
+        env = make(env_id, num_envs, seed, num_threads, kwargs)
     except TypeError as err:  # an env.kwargs entry the maker does not take
         raise EnvMakeError(f"env.kwargs not accepted by {suite} {env_id!r}: {err}") from err
-    return wrap(env, wrapper, wrapper_options)
+    return wrap(_checked_adapter(env, suite, env_id, num_envs), wrapper, wrapper_options)
+
+
+def _checked_adapter(env, suite: str, env_id: str, num_envs: int) -> EnvAdapter:
+    """What a suite made: an env adapter of `num_envs` envs (a suite plugin's mistake is
+    one line here, not a wrong step count or an AttributeError later)."""
+    missing = [a for a in ("spec", "num_envs", "reset", "step") if not hasattr(env, a)]
+    if missing:
+        raise EnvMakeError(f"env.suite={suite}: make({env_id!r}, ...) returned a {type(env).__name__}, which lacks "
+                           f"{', '.join(missing)} (an env adapter: jaxrl_dist.envs.base.EnvAdapter)")
+    if env.num_envs != num_envs:
+        raise EnvMakeError(f"env.suite={suite}: make({env_id!r}, num_envs={num_envs}) returned {env.num_envs} envs")
+    return env
 
 
 def env_of(env: EnvConfig, num_envs: int, seed: int) -> EnvAdapter:

@@ -26,7 +26,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from jaxrl_dist.config import ENTRY_POINTS, ConfigError, as_schema
+from jaxrl_dist.config import ENTRY_POINTS, ConfigError, as_schema, require
 from jaxrl_dist.registry import Registry, made, options as plugin_options
 
 GROUP = ENTRY_POINTS["scheduler"]
@@ -90,10 +90,13 @@ class Scheduler:
 
     def clip(self, n: float) -> int:
         """Round half up (not Python's half-to-even) and clip to the bounds."""
+        require(isinstance(n, (int, float, np.number)) and not isinstance(n, bool) and math.isfinite(n),
+                f"scheduler.name={self.cfg.name}: propose returned {n!r}; it gives a number of shards")
         return int(min(max(math.floor(n + 0.5), self.min_shards), self.max_shards))
 
     def propose(self, round_: int, history: list) -> float:
-        raise NotImplementedError
+        raise ConfigError(f"scheduler.name={self.cfg.name}: {type(self).__name__} does not define propose(round_, "
+                          "history), which Scheduler's num_shards and expected_shards call (define it, or both)")
 
     def plan(self, round_: int, progress: float) -> float:
         """The `n` expected at `round_` with a fraction `progress` of the env steps

@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxrl_dist.backends import Job, ShardTask, SlotTable, bucket, capabilities, prepare, warm as warm_backend
 from jaxrl_dist.backends.shard import round_keys
-from jaxrl_dist.config import Config
+from jaxrl_dist.config import Config, require
 from jaxrl_dist.core import rng
 from jaxrl_dist.scheduling.cost import CostAccount, run_left
 from jaxrl_dist.scheduling.records import steps_done
@@ -109,11 +109,19 @@ class RoundTrainer(ShardTrainer):
         return limit_reason(self.cfg, r, env_steps) or target_reason(self.cfg, records)
 
     def _ask(self, r: int, records: list) -> int:
-        """The scheduler's `n`; one that reads the run's limits (`sees_limits`) gets what is left."""
+        """The scheduler's `n`; one that reads the run's limits (`sees_limits`) gets what is left.
+        An answer that is not a whole number of shards the backend has is one line naming
+        the scheduler (a plugin's `num_shards` is not clipped), not an error deep in a round."""
         if self.scheduler.sees_limits:
             left = run_left(self.cfg.run, self.account.modeled_now(), self.account.usd)
-            return self.scheduler.num_shards(r, records, left)
-        return self.scheduler.num_shards(r, records)
+            n = self.scheduler.num_shards(r, records, left)
+        else:
+            n = self.scheduler.num_shards(r, records)
+        top = self.cfg.backend.max_shards
+        require(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= top,
+                f"scheduler.name={self.cfg.scheduler.name}: num_shards returned {n!r} for round {r + 1}; a "
+                f"scheduler gives a whole number of shards in 1..{top} (backend.max_shards)")
+        return int(n)
 
     def _next_round(self, r: int, env_steps: int, records: list) -> Optional[int]:
         """Round `r`'s shard count, or None with `self.stop_reason` saying why the run stops."""
