@@ -444,10 +444,10 @@ def test_a_token_comes_from_a_file_or_the_environment_and_is_never_saved(tmp_pat
     from test_cli import run_cli
 
     (tmp_path / "token").write_text(TOKEN + "\n")
-    cfg = from_dict({"backend": {"name": "http", "urls": ["http://127.0.0.1:1"],
-                                 "token_file": str(tmp_path / "token")}})
+    cfg = from_dict({"trainer": "sync", "backend": {"name": "http", "urls": ["http://127.0.0.1:1"],
+                                                    "token_file": str(tmp_path / "token")}})
     assert bearer_token(cfg.backend) == TOKEN
-    given = from_dict({"backend": {"name": "http", "urls": ["http://127.0.0.1:1"], "token": TOKEN}})
+    given = from_dict({"trainer": "sync", "backend": {"name": "http", "urls": ["http://127.0.0.1:1"], "token": TOKEN}})
     save_run_config(tmp_path, to_dict(given))
     assert TOKEN not in (tmp_path / "config.yaml").read_text()
     out = run_cli("train", "backend=http", f"backend.token={TOKEN}", timeout=60)
