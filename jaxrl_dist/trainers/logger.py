@@ -145,7 +145,8 @@ def truncate_records(path: Path, upto: int) -> list:
     """Drop records past update `upto` (written after the checkpoint a resume starts
     from); returns the rest as `Record`s."""
     records = read_records(path, upto)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if records or path.exists():  # a fresh run's file comes with its first records
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return [Record.from_json(r) for r in records]
 
 
@@ -163,7 +164,9 @@ class MetricsLogger:
         TensorBoard's hyperparameter table shows for this run; `history`: a resumed run's
         records (the shown return starts from their episodes); `budget`: a round-based
         run's, whose total steps are known only as its rounds come (`total_steps` ignored)."""
-        self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        # opened with the first records: a run refused at its start (a backend's resource
+        # check) leaves no empty file behind
+        self._path, self._file = run_dir / "metrics.jsonl", None
         self._tracker = tracker
         # purge_step hides events a killed run wrote past its last checkpoint
         self._tb = EventFile(run_dir / "tensorboard", purge_step=done_steps + 1) if tensorboard else None
@@ -176,6 +179,8 @@ class MetricsLogger:
         if not records:
             return
         lines = [rec.to_json() for rec in records]
+        if self._file is None:
+            self._file = open(self._path, "a", buffering=1)
         self._file.write("".join(json.dumps(line) + "\n" for line in lines))  # one flush a chunk
         if self._tb is not None:
             self._tb.write(lines)
@@ -191,7 +196,8 @@ class MetricsLogger:
             self._progress.finish()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._progress is not None:

@@ -57,6 +57,8 @@ class FaultyLocal(LocalBackend):
         return super().run_shard(index, params, task, state)
 
     def _attempt(self, fn):
+        if not hasattr(self._now, "shard"):  # the warm-up's call (`LocalBackend.warm`): no round, no fault
+            return super()._attempt(fn)
         round_, slots = self._now.shard
         hit = [s for s in slots if fault_for(self.opts.seed, str(round_), str(s), self.opts.share, ("error",))]
         tries = []
