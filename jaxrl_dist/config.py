@@ -825,12 +825,13 @@ def from_dict(data: dict, user_keys: Optional[Sequence[str]] = None) -> Config:
     """A checked `Config` from nested plain dicts (OmegaConf's typed merge: unknown keys and
     wrong types are errors naming the key); a key the caller set (`user_keys`; None: each
     key whose value is not its default) that the chosen trainer ignores is an error too.
-    `trainer` may be a plain name."""
+    `trainer`, `backend` and `scheduler` may be plain names."""
     data = dict(data or {})
     for old in MOVED:
         require(old not in data, unknown_key(old, ()))
-    if isinstance(data.get("trainer"), str):
-        data["trainer"] = {"name": data["trainer"]}
+    for group in ("trainer", *SCHEMAS):  # a plain name for short, as the command line's `backend=ray`
+        if isinstance(data.get(group), str):
+            data[group] = {"name": data[group]}
     start = Config()
     for group in SCHEMAS:  # a backend's or scheduler's name selects its schema
         name = (data.get(group) or {}).get("name") if isinstance(data.get(group), dict) else None

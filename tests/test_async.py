@@ -382,3 +382,13 @@ def test_a_straggler_of_any_age_is_billed():
     for v in range(100):
         acct.update([acct.chunk(0, v, 0.01, 10)], 0.01, v + 1)
     assert acct.chunk(1, 0, 5.0, 10) > 5.0
+
+
+def test_the_async_trainer_s_checks_leave_the_scheduler_alone():
+    """The async trainer runs no scheduler: the default learned scheduler's file (16 shards)
+    must not refuse an async run over fewer slots."""
+    from jaxrl_dist.trainers.parts import check_parts
+
+    check_parts(from_dict({"trainer": "async", "backend": {"max_shards": 3}, "asynchronous": {"actors": 3}}))
+    with pytest.raises(ConfigError, match="below the 16 shards"):  # the sync trainer's does
+        check_parts(from_dict({"trainer": "sync", "backend": {"max_shards": 3}, "scheduler": "learned"}))

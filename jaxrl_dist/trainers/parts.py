@@ -22,12 +22,13 @@ def check_parts(config: Config) -> None:
         check_recurrent(config, suite)
     check_wrapper(config.env.wrapper, config.env.wrapper_options)  # its name and options; its fit, once made
     check_plugins(config.algo)
-    if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler
+    if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler ...
         BACKENDS.check(config.backend.name, config.backend.options, "backend.options")
+    if config.trainer.name == "sync":  # ... and the async trainer no scheduler (its balancer sizes it)
         SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
         if config.scheduler.name == "learned":  # its file, the shard range it was trained for, the return range
             trained = checked_file(config.scheduler, config.backend)[1]
             if has_scale(trained, config):
                 scale_for(trained, config)
-        if getattr(config.backend, "token_file", None):  # the http backend's
-            read_token_file(config.backend.token_file)
+    if config.trainer.name != "fused" and getattr(config.backend, "token_file", None):  # the http backend's
+        read_token_file(config.backend.token_file)
