@@ -508,6 +508,13 @@ class TrainerConfig:
                 "every process's devices; set trainer.devices=all (jaxrl-dist launch sets it)")
 
 
+def on_one_device(cfg: "Config") -> "Config":
+    """`cfg` as one process on one device reads it (a checkpoint's template, `eval`): no
+    data mesh, no seed axis, no other processes, whatever the run was trained on."""
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, devices="1", seed_axis=1,
+                                                                distributed=DistributedConfig()))
+
+
 def requested_devices(t: TrainerConfig) -> Optional[int]:
     """`trainer.devices` as a count; None for `all`."""
     value = str(t.devices).strip().lower()

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_dist.config import Config, ConfigError, EvalConfig, derive, needs, require, resolve_auto, typed
+from jaxrl_dist.config import (Config, ConfigError, EvalConfig, derive, needs, on_one_device, require, resolve_auto,
+                               typed)
 from jaxrl_dist.core import normalize
 from jaxrl_dist.core.networks import initial_carry, is_recurrent, make_network, mask_logits
 from jaxrl_dist.core.networks import step as step_policy
@@ -93,7 +94,7 @@ def saved_state(cfg: Config, run_dir) -> tuple:
     process may not have."""
     none = f"{run_dir}: no checkpoint in {Path(run_dir).resolve() / CHECKPOINT_SUBDIR}"
     # a loss shapes no state: reading a run's checkpoint needs its network plugin, not its loss plugin
-    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, loss="ppo", loss_options={}))
+    cfg = dataclasses.replace(on_one_device(cfg), algo=dataclasses.replace(cfg.algo, loss="ppo", loss_options={}))
     require(bool(saved_steps(run_dir)), none)  # before orbax starts its threads, which a quick exit would cut short
     ckpt = Checkpointer(Path(run_dir), read_only=True)
     try:

@@ -118,6 +118,16 @@ def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path):
                      "scheduler": {"name": "fixed", "num_shards": 2}})
     summary = json.loads(Path(train(cfg, tmp_path / "run").run_dir, "summary.json").read_text())
     assert summary["mesh"] == {"seeds": 1, "data": 2} and summary["processes"] == 1
+    # read on one device, as `eval` and `load_policy` read any run (a plain process has one)
+    read = subprocess.run([sys.executable, "-c", "from jaxrl_dist.evaluation import latest_state; "
+                           f"print(latest_state({str(tmp_path / 'run')!r})[0])"], capture_output=True, text=True,
+                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, timeout=120)
+    assert read.returncode == 0 and read.stdout.split()[-1] == "2", read.stderr[-2000:]
+    from jaxrl_dist.envs import make_env
+    from jaxrl_dist.trainers.runner import state_template
+
+    seeds = from_dict({"num_seeds": 2, "trainer": {"devices": 2, "seed_axis": 2}})
+    assert state_template(seeds, make_env("CartPole-v1", 8)).train.params  # a seed axis, read on one device
     with pytest.raises(ConfigError, match=r"^trainer.devices=1: a run over 2 processes spans every process's "
                        r"devices; set trainer.devices=all \(jaxrl-dist launch sets it\)$"):
         from_dict({"trainer": {"distributed": {"coordinator": "127.0.0.1:1", "num_processes": 2}}})

@@ -18,7 +18,6 @@ writes (the end-of-run one too: ~0.1 s of orbax however small the state),
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from typing import Callable
 
 import jax
 
-from jaxrl_dist.config import Config, validate
+from jaxrl_dist.config import Config, on_one_device, validate
 from jaxrl_dist.envs import env_of
 from jaxrl_dist.trainers import checkpoint, distributed, fused, interrupt, status
 from jaxrl_dist.trainers.asynchronous import AsyncTrainer
@@ -59,8 +58,7 @@ def state_template(cfg: Config, env):
     """What a fused run of `cfg` on `env` (`env.num_envs` = every seed's envs) checkpoints,
     as shapes and dtypes on one device: the template `Checkpointer.restore` reads it into.
     envpool resets on the host, so its template is a real fresh state."""
-    one = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, devices="1"))
-    setup = fused.make_setup(one, env.spec)
+    setup = fused.make_setup(on_one_device(cfg), env.spec)
     if checkpoint.host_env_state(env.spec):
         return fused.init_runner(setup, env, cfg.seed)
     return jax.eval_shape(functools.partial(fused.init_runner, setup, env, cfg.seed))
