@@ -323,7 +323,7 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
         # and the rounds add up within it
         wall_seconds=trainer.launch_s + time.perf_counter() - t_start, compile_seconds=t.compile_seconds,
         train_seconds=t.train_seconds,
-        sps=(env_steps - t.done_steps) / t.train_seconds if t.train_seconds > 0 else None,
+        sps=_sps(env_steps - t.done_steps, t),
         params_sha256=params_digest(trainer.state.train.params), peak_rss_mb=peak_rss_mb(),
         resumed_at_update=t.start if cfg.run.resume else None, run_dir=str(Path(cfg.run.dir).resolve()),
         mesh=_mesh(cfg), processes=jax.process_count(), metadata=run_metadata(),
@@ -333,6 +333,14 @@ def _summary(cfg: Config, t: _Trained, t_start: float) -> RunSummary:
                             shards_mean=float(np.mean([r.num_shards for r in records])) if records else None),
         cost=cost_figures(records, trainer.stop_reason, cfg.cost.name, cfg.run.target_return),
         phases=phase_figures(trainer.startup, t.records, trainer.tail, cfg.run.target_return), **own)
+
+
+def _sps(steps: int, t: _Trained) -> Optional[float]:
+    """Env steps a second of this run's rounds, the compiles inside them left out (the sync
+    trainer's records say each round's, `compile_s`: a new shard bucket compiles in its
+    round), as the fused trainer's `sps` leaves its compile out."""
+    busy = t.train_seconds - sum(rec.detail.get("compile_s", 0.0) for rec in t.records)
+    return steps / busy if busy > 0 else None
 
 
 def _mesh(cfg: Config) -> Optional[dict]:
