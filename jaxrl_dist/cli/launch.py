@@ -36,6 +36,7 @@ class Worker(NamedTuple):
     index: int
     proc: subprocess.Popen
     log: Optional[Path]  # None: process 0 writes to this terminal
+    run_dir: Path
 
 
 def _given(overrides: Sequence[str], key: str) -> Optional[str]:
@@ -77,7 +78,7 @@ def start(overrides: Sequence[str], processes: int, run_dir: Path, coordinator: 
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
         if out:
             out.close()
-        workers.append(Worker(i, proc, log))
+        workers.append(Worker(i, proc, log, run_dir))
     return workers
 
 
@@ -114,7 +115,9 @@ def _fail(workers: Sequence[Worker], failed: Worker) -> int:
     code = failed.proc.returncode
     others = [w for w in workers if w is not failed and w.proc.poll() is None]
     stop(workers)
-    where = f"; its log: {failed.log}" if failed.log else ""
+    # process 0 writes to this terminal (its output is above) and its job log to RUN_DIR/train.log
+    job_log = failed.run_dir / "train.log"
+    where = f"; its log: {failed.log}" if failed.log else f"; its output is above, its job log: {job_log}"
     print(f"error: jaxrl-dist launch: process {failed.index} (pid {failed.proc.pid}) exited with code "
           f"{code}{where}; stopped the other {len(others)} running process(es)", file=sys.stderr, flush=True)
     return code if code > 0 else 1
