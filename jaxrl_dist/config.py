@@ -723,20 +723,24 @@ def validate(cfg: Config) -> Config:
     """Check a config without touching JAX; raises `ConfigError` naming the key. A config
     a library caller built is type-checked first, as OmegaConf checks a composed one
     (`total_timesteps=2e4` is a float where an integer goes)."""
+    _check_types(cfg)
+    cfg.check()
+    return cfg
+
+
+def _check_types(cfg: Config) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     for f in dataclasses.fields(cfg):
         part = getattr(cfg, f.name)
-        require(dataclasses.is_dataclass(part) or (isinstance(part, int) and not isinstance(part, bool)),
-                f"{f.name} must be {'an integer' if f.type == 'int' else f'a {f.type}'}, got {part!r}")
+        if not dataclasses.is_dataclass(part):  # seed, num_seeds
+            require(isinstance(part, int) and not isinstance(part, bool), f"{f.name} must be an integer, got {part!r}")
+            continue
         try:
-            if dataclasses.is_dataclass(part):
-                OmegaConf.structured(part)  # validates each value against its field's type
+            OmegaConf.structured(part)  # validates each value against its field's type
         except OmegaConfBaseException as err:
             raise ConfigError(omegaconf_message(err, prefix=f"{f.name}.")) from None
-    cfg.check()
-    return cfg
 
 
 # --- the typed merge, for library callers and saved runs ---------------------------------------
