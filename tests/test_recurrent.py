@@ -195,7 +195,9 @@ def one_legal():
 
 
 def records(run_dir: Path) -> list:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    from jaxrl_dist.trainers.logger import read_records
+
+    return read_records(run_dir / "metrics.jsonl")  # none: the run stopped before its first records
 
 
 OPTIONS = {"mlp": {}, "gru": {"hidden_size": 16}}
