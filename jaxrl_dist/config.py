@@ -623,15 +623,22 @@ class Config:
         batch = self.env.num_envs * self.algo.num_steps
         if self.trainer.name == "fused":
             if self.algo.recurrent:  # first: it says why a size that divides the batch is refused
-                self.algo.check_sequences(self.env.num_envs, "env.num_envs")
+                self.check_sequences()
             self.algo.check_split(batch, "the batch env.num_envs*algo.num_steps")
         else:
             self._check_rounds()
             if self.algo.recurrent:
-                self.algo.check_sequences(self.backend.envs_per_shard, "backend.envs_per_shard")
+                self.check_sequences()
         require(self.algo.total_timesteps >= batch,
                 f"algo.total_timesteps={self.algo.total_timesteps} is smaller than one batch ({batch})")
         self._check_step_count()
+
+    def check_sequences(self) -> None:
+        """A recurrent network's split of a batch's envs into sequences: the fused run's
+        envs, or one shard's (`AlgoConfig.check_sequences`)."""
+        fused = self.trainer.name == "fused"
+        self.algo.check_sequences(self.env.num_envs if fused else self.backend.envs_per_shard,
+                                  "env.num_envs" if fused else "backend.envs_per_shard")
 
     def _check_step_count(self) -> None:
         """The optimiser counts its gradient steps in int32: the run's must fit (a run of
@@ -710,9 +717,7 @@ def check_policy(cfg: Config, suite: str, recurrent: bool, env_masked: bool) -> 
     if recurrent:
         check_recurrent(cfg, suite)
         if not a.recurrent:  # a plugin's (or a module handed to `make_train`): its sizes, once known
-            fused = cfg.trainer.name == "fused"
-            a.check_sequences(cfg.env.num_envs if fused else cfg.backend.envs_per_shard,
-                              "env.num_envs" if fused else "backend.envs_per_shard")
+            cfg.check_sequences()
     mask = resolve_auto(a.action_mask, "algo.action_mask", env_masked)
     require(not mask or env_masked, f"algo.action_mask=true with env.id={cfg.env.id} ({suite}): "
             "this env gives no legal actions to mask")
@@ -848,7 +853,8 @@ def from_dict(data: dict, user_keys: Optional[Sequence[str]] = None) -> Config:
         name = (data.get(group) or {}).get("name") if isinstance(data.get(group), dict) else None
         if isinstance(name, str):
             setattr(start, group, schema(group, name)())
-    cfg = validate(typed(start, data))
+    cfg = typed(start, data)  # its types checked by the merge
+    cfg.check()
     cfg.check_used(changed_keys(cfg) if user_keys is None else list(user_keys))
     return cfg
 
@@ -864,12 +870,13 @@ def flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def changed_keys(cfg: Config) -> list:
+def changed_keys(cfg: Config, *others: Config) -> list:
     """The dotted keys whose values differ from their defaults (the chosen backend's and
-    scheduler's schemas): what a library caller set, for `check_used`."""
+    scheduler's schemas), and from their values in each of `others` (a resumed run's saved
+    config): what a library caller set, for `check_used` and `check_resumed`."""
     base = Config(backend=schema("backend", cfg.backend.name)(), scheduler=schema("scheduler", cfg.scheduler.name)())
-    default = flat(to_dict(base))
-    return [k for k, v in flat(to_dict(cfg)).items() if k not in default or default[k] != v]
+    bases = [flat(to_dict(c)) for c in (base, *others)]
+    return [k for k, v in flat(to_dict(cfg)).items() if all(k not in b or b[k] != v for b in bases)]
 
 
 def to_dict(cfg: Config) -> dict:

@@ -88,16 +88,22 @@ class Registry:
                               f"its keys are {group}.* (jaxrl-dist train --print-config {group}={name})")
 
 
+def check_call(what: str, target: Any, *args, **kwargs) -> None:
+    """`ConfigError(f"{what} ({why})")` where `target` cannot be called with these arguments
+    (a plugin of another signature: one line before the call, not a traceback inside it)."""
+    try:
+        inspect.signature(target).bind(*args, **kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{what} ({err})") from None
+    except ValueError:  # no signature to read (a builtin): the call says
+        pass
+
+
 def made(key: str, name: str, target: Any, contract: str, needs: tuple, *args, **kwargs) -> Any:
     """`target(*args, **kwargs)`, a plugin's object; a target that cannot be called so,
     or an object without the attributes `needs`, is one line naming `key` and the contract
     (not a traceback at its first use, or in a clean-up that calls what it lacks)."""
-    try:
-        inspect.signature(target).bind(*args, **kwargs)
-    except TypeError as err:
-        raise ConfigError(f"{key}: {name!r} cannot be called as {contract} ({err})") from None
-    except ValueError:  # no signature to read (a builtin): the call says
-        pass
+    check_call(f"{key}: {name!r} cannot be called as {contract}", target, *args, **kwargs)
     obj = target(*args, **kwargs)
     missing = [m for m in needs if not hasattr(obj, m)]
     if missing:

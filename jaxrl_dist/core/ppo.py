@@ -5,7 +5,6 @@ Shapes are time-major: `[T, B]` for per-step values.
 """
 from __future__ import annotations
 
-import inspect
 from functools import partial
 from typing import Any, Callable, NamedTuple
 
@@ -17,7 +16,7 @@ from jax.flatten_util import ravel_pytree
 from jaxrl_dist.core import networks
 from jaxrl_dist.config import TRACED, AlgoConfig, ConfigError
 from jaxrl_dist.core.types import TrainState, Transition
-from jaxrl_dist.registry import Registry, options as plugin_options
+from jaxrl_dist.registry import Registry, check_call, options as plugin_options
 
 # `algo.loss`: `loss(params, apply_fn, batch, opts, options) -> (scalar, {name: metric})`;
 # plugins under the entry-point group `jaxrl_dist.losses` (see `ppo_loss`)
@@ -97,13 +96,8 @@ def checked_loss(a, loss=None) -> tuple:
     checked by it (`ConfigError`, one line, for an unknown name or option, or a loss that
     cannot be called with the contract's five arguments)."""
     fn = loss if loss is not None else LOSSES.get(a.loss)
-    try:
-        inspect.signature(fn).bind(*range(5))
-    except TypeError as err:
-        raise ConfigError(f"algo.loss={a.loss if loss is None else _name(fn)}: it cannot be called as "
-                          f"{_LOSS_CONTRACT} ({err})") from None
-    except ValueError:  # no signature to read: the call says
-        pass
+    check_call(f"algo.loss={a.loss if loss is None else _name(fn)}: it cannot be called as {_LOSS_CONTRACT}",
+               fn, *range(5))
     return fn, plugin_options(fn, a.loss_options, "algo.loss_options")
 
 

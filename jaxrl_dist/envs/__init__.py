@@ -9,13 +9,11 @@ installed suite that has the id: gymnax, jumanji, envpool, brax, then plugins by
 """
 from __future__ import annotations
 
-import inspect
-
 from jaxrl_dist.core.networks import is_frame_stack
 from jaxrl_dist.config import ConfigError, EnvConfig, did_you_mean
 from jaxrl_dist.envs.base import EnvAdapter, EnvMakeError
 from jaxrl_dist.envs.wrappers import check_wrapper, wrap
-from jaxrl_dist.registry import Registry
+from jaxrl_dist.registry import Registry, check_call
 
 __all__ = ["EnvAdapter", "EnvMakeError", "SUITES", "check_wrapper", "env_of", "make_env", "resolve_suite"]
 
@@ -95,12 +93,10 @@ def make_env(env_id: str, num_envs: int, suite: str = "auto", seed: int = 0,
     suite = resolve_suite(env_id, suite)
     make = _suite(suite).make
     try:
-        inspect.signature(make).bind(env_id, num_envs, seed, num_threads, kwargs)
-    except TypeError as err:
-        raise EnvMakeError(f"env.suite={suite}: its make cannot be called as make(env_id, num_envs, seed, "
-                           f"num_threads, kwargs) ({err})") from None
-    except ValueError:  # no signature to read: the call says
-        pass
+        check_call(f"env.suite={suite}: its make cannot be called as make(env_id, num_envs, seed, num_threads, "
+                   "kwargs)", make, env_id, num_envs, seed, num_threads, kwargs)
+    except ConfigError as err:  # an env error, as the suite's others are
+        raise EnvMakeError(str(err)) from None
     try:
         env = make(env_id, num_envs, seed, num_threads, kwargs)
     except TypeError as err:  # an env.kwargs entry the maker does not take

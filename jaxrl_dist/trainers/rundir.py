@@ -249,8 +249,7 @@ def prepare_run(cfg: Config, run_dir=None, check_keys: bool = False) -> tuple:
         run_dir = Path(cfg.run.resume)
         saved = check_resumable(run_dir)
         if check_keys:
-            mine, theirs = flat(to_dict(cfg)), flat(to_dict(saved))
-            check_resumed(cfg, [k for k in changed_keys(cfg) if mine[k] != theirs.get(k)], saved.backend.name)
+            check_resumed(cfg, changed_keys(cfg, saved), saved.backend.name)
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   **{key: getattr(cfg.run, key) for key in RESUMED})
         cfg = dataclasses.replace(saved, run=run, backend=_resumed_backend(saved.backend, cfg.backend))
