@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from jaxrl_dist.core import networks
+from jaxrl_dist.core import networks, rng
 from jaxrl_dist.config import TRACED, AlgoConfig, ConfigError
 from jaxrl_dist.core.types import TrainState, Transition
 from jaxrl_dist.registry import Registry, check_call, options as plugin_options
@@ -300,11 +300,11 @@ def _plan(key, n: int, real, opts: PPOOptions, size: int = 0):
     keys = jax.random.split(key, E)
     if not opts.minibatch_size:
         m = opts.num_minibatches
-        perms = jax.vmap(lambda k: jax.random.permutation(k, n))(keys)
+        perms = jax.vmap(lambda k: rng.permutation(k, n))(keys)
         return perms.reshape(E * m, n // m), jnp.ones((E * m,), bool)
     size = size or opts.minibatch_size
     real = jnp.ones((n,), bool) if real is None else real
-    order = lambda k: jnp.argsort(jnp.where(real, jax.random.uniform(k, (n,)), 2.0))
+    order = lambda k: rng.argsort(jnp.where(real, jax.random.uniform(k, (n,)), 2.0))
     perms = jax.vmap(order)(keys)
     steps = -(-real.sum() // size)
     active = jnp.tile(jnp.arange(n // size) < steps, E)
