@@ -8,6 +8,7 @@ same, only the order of the all-reduced sums differs.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from jaxrl_dist.trainers import distributed
 TOLERANCE = 1e-5
 
 MESH_SCRIPT = """
+import contextlib
 import json
 import jax, numpy as np
 from jax.flatten_util import ravel_pytree
@@ -185,6 +187,70 @@ def test_launch_stops_the_others_when_a_process_dies(tmp_path):
                      f"{tmp_path / 'run' / 'process_1' / 'output.log'}; stopped the other 1 running process(es)"]
     assert launcher.returncode == 1
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_the_processes_die_with_a_killed_launcher(tmp_path):
+    """The processes run in their own session (the launcher hands them Ctrl-C), so a
+    launcher killed outright takes them with it rather than leaving them training."""
+    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
+           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", f"run.dir={tmp_path / 'run'}",
+           "run.progress=false"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    workers = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(_children(launcher.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2, "the launcher did not start two processes"
+        time.sleep(3)  # both are importing or joining
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    finally:
+        for pid in workers:  # whatever the outcome, nothing left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stopped_while_training(run: Path, who: str, sig: int) -> tuple:
+    """A 2-process CartPole run sent `sig` once training has begun, to `who` (`launcher`,
+    or `process 1` alone): `(launcher's exit code, its stderr, the processes' PIDs)`."""
+    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
+           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", "env.num_envs=8",
+           "run.log_chunks=2000", f"run.dir={run}", "run.progress=false"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2 and (run / "metrics.jsonl").is_file(), "the run did not start training"
+        os.kill(launcher.pid if who == "launcher" else workers[1], sig)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    return launcher.returncode, err, workers
+
+
+@pytest.mark.parametrize("who, sig", [("process 1", signal.SIGINT), ("launcher", signal.SIGTERM)])
+def test_a_stop_request_stops_every_process_at_one_checkpoint(tmp_path, who, sig):
+    """The processes agree before each chunk whether to stop or save: a Ctrl-C (SIGINT)
+    that reached process 1 alone, or a SIGTERM to the launcher alone (handed to each
+    process as a SIGINT), stops both after the same chunk with one checkpoint that every
+    process wrote its part of; the launcher exits 130 (no collective left waiting for a
+    process that went on to the next chunk, no process left running)."""
+    code, err, workers = _stopped_while_training(tmp_path / "run", who, sig)
+    assert code == 130, err[-3000:]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert "error:" not in err and "Traceback" not in err, err[-3000:]
+    assert "checkpoint saved; continue with" in err  # process 0's line, whoever got the signal
+    assert _params(tmp_path / "run").size  # the checkpoint is whole: both processes' parts and the manifest
 
 
 def _params(run_dir: Path) -> np.ndarray:

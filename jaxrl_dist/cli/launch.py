@@ -9,6 +9,11 @@ JAX's own runtime notices a dead peer only after its heartbeat timeout, and then
 aborts with a long log (it also catches SIGTERM). The launcher watches the
 processes instead: when one exits with an error it kills the others (SIGKILL, by
 PID) and prints one line naming the process, its exit code and its log.
+
+The processes run in a session of their own, so a signal reaches them once, from the
+launcher: a Ctrl-C or a SIGTERM to the launcher is handed to each as one SIGINT (stop
+after the chunk, with a checkpoint; a second one stops at once). On Linux a process
+whose launcher dies (killed outright, or its terminal closed) is killed with it.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 from jaxrl_dist.cli.compose import load_config
-from jaxrl_dist.cli.train import EXIT_PEER_LOST
+from jaxrl_dist.cli.train import EXIT_INTERRUPTED, EXIT_PEER_LOST, LAUNCHER_ENV
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.serve.local import free_port
 from jaxrl_dist.trainers.parts import check_parts
@@ -56,7 +61,7 @@ def _command(overrides: Sequence[str], run_dir: Path, coordinator: str, n: int, 
 
 
 def _environment(devices_per_process: Optional[int]) -> dict:
-    env = dict(os.environ)
+    env = dict(os.environ, **{LAUNCHER_ENV: str(os.getpid())})
     if devices_per_process:  # CPU: split the host into this many devices per process
         flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}".strip()
@@ -75,7 +80,8 @@ def start(overrides: Sequence[str], processes: int, run_dir: Path, coordinator: 
             log.parent.mkdir(parents=True, exist_ok=True)
             out = open(log, "wb")
         proc = subprocess.Popen(_command(overrides, run_dir, coordinator, processes, i), env=env,
-                                stdout=out, stderr=subprocess.STDOUT if out else None)
+                                stdout=out, stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True)
         if out:
             out.close()
         workers.append(Worker(i, proc, log, run_dir))
@@ -92,23 +98,41 @@ def stop(workers: Sequence[Worker]) -> None:
 
 
 def supervise(workers: Sequence[Worker]) -> int:
-    """Wait for the processes: 0 when all succeed; else the first failure's exit code,
-    after stopping the others and printing one line."""
+    """Wait for the processes: 0 when all succeed, 130 when they stopped on a Ctrl-C
+    (which every process acts on at the same chunk, after a checkpoint, even where it
+    reached one process only); else the first failure's exit code, after stopping the
+    others and printing one line. A SIGINT or SIGTERM to the launcher meanwhile is
+    handed to each running process as one SIGINT; a third kills them all."""
+    signals = []
+
+    def forward(signum, frame):
+        signals.append(signum)
+        if len(signals) >= 3:
+            raise KeyboardInterrupt
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while True:
             codes = [w.proc.poll() for w in workers]
             # a process that lost its peer (EXIT_PEER_LOST) is named only when no other failed
-            failed = min((w for w, c in zip(workers, codes) if c not in (None, 0)), default=None,
+            failed = min((w for w, c in zip(workers, codes) if c not in (None, 0, EXIT_INTERRUPTED)), default=None,
                          key=lambda w: w.proc.returncode == EXIT_PEER_LOST)
             if failed is not None:
                 return _fail(workers, failed)
-            if all(c == 0 for c in codes):
-                return 0
+            if None not in codes:
+                return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else 0
             time.sleep(POLL_S)
-    except KeyboardInterrupt:  # Ctrl-C reached every process of the group: let them save
-        for w in workers:
-            w.proc.wait()
-        return 130
+    except KeyboardInterrupt:
+        stop(workers)
+        print("jaxrl-dist launch: killed every process (a third Ctrl-C); nothing saved since the last "
+              "checkpoint", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _fail(workers: Sequence[Worker], failed: Worker) -> int:
@@ -148,7 +172,8 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
 EPILOG = """\
 Process 0 hosts JAX's coordinator on a free loopback port (or --coordinator) and
 writes the run directory; the run uses every process's devices (trainer.devices=all); process i > 0 logs to RUN_DIR/process_<i>/. A process
-that exits with an error stops the others, with one line naming it.
+that exits with an error stops the others, with one line naming it. Ctrl-C (or SIGTERM)
+stops every process after the same chunk, with a checkpoint, and exits 130.
 
 examples:
   jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused

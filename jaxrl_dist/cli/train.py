@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -50,6 +51,7 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
                 "--config-dir", "--experimental-rerun")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
+LAUNCHER_ENV = "JAXRL_DIST_LAUNCHER"  # set by `jaxrl-dist launch` for its processes: its PID
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
 # this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
 _state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
@@ -342,7 +344,25 @@ def _join(overrides: Sequence[str]) -> None:
     if given:
         from jaxrl_dist.trainers import distributed
 
+        _die_with_launcher()
         distributed.initialize(distributed_config({"distributed": given}))
+
+
+def _die_with_launcher() -> None:
+    """A process `jaxrl-dist launch` started runs in a session of its own, out of its
+    terminal's reach (the launcher hands it Ctrl-C): it is killed when the launcher dies
+    (Linux's PR_SET_PDEATHSIG), as it would have been with the terminal."""
+    launcher = os.environ.pop(LAUNCHER_ENV, None)
+    if not launcher:
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != int(launcher):  # the launcher died before the call above
+        exit_now(1)
 
 
 def yaml_value(text: str):

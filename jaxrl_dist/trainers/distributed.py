@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from jaxrl_dist.config import ConfigError, DistributedConfig
+from jaxrl_dist.trainers import interrupt
 
 
 class DistributedError(ConfigError):
@@ -65,6 +67,20 @@ def _wait_for_coordinator(d: DistributedConfig) -> None:
                     f"trainer.distributed.coordinator={d.coordinator}: not reachable within "
                     f"trainer.distributed.timeout_s={d.timeout_s} s ({err.strerror or err})") from None
             time.sleep(0.2)
+
+
+def agreed(*flags: bool) -> tuple:
+    """Each flag OR-ed over the run's processes (one small allgather), so that every
+    process takes the same branch into its next collective: a Ctrl-C that reached one
+    process, or a checkpoint time by its own clock, would send it into a save while the
+    others ran the next chunk, and the collectives would not match. One process: as given.
+    The gather waits in `interrupt.wait_for`, so a Ctrl-C is acknowledged while it waits."""
+    if jax.process_count() == 1:
+        return tuple(bool(f) for f in flags)
+    from jax.experimental import multihost_utils
+
+    every = interrupt.wait_for(multihost_utils.process_allgather, np.asarray(flags, np.int32))
+    return tuple(bool(f) for f in np.asarray(every).reshape(-1, len(flags)).any(axis=0))
 
 
 def is_primary() -> bool:

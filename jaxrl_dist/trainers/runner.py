@@ -137,11 +137,12 @@ def run_chunks(compiled, runner, ckpt, log, setup, K: int, start: int):
     metrics are fetched and logged, so host-side logging overlaps device work.
     A checkpoint waits for its chunk (the next call donates the state). Calls
     and fetches block in `interrupt.wait_for`'s helper thread, so a Ctrl-C is
-    acknowledged while a chunk runs.
+    acknowledged while a chunk runs. Before each chunk the processes of a
+    multi-process run agree whether to stop or save (`distributed.agreed`).
     """
     cfg, derived = setup.cfg, setup.derived
     steps_per_chunk = K * derived.batch_size * cfg.num_seeds
-    records, pending, t_ready = [], None, time.perf_counter()
+    records, pending, t_ready, due = [], None, time.perf_counter(), False
     ckpt.restart_clock()  # `run.checkpoint_every_s` counts training time
 
     def drain(item):
@@ -153,19 +154,19 @@ def run_chunks(compiled, runner, ckpt, log, setup, K: int, start: int):
         t_ready = now
 
     for c in range(start // K, derived.num_updates // K):
-        if interrupt.requested():  # Ctrl-C: save what is done and stop
+        stop, due = distributed.agreed(interrupt.requested(), due)
+        if stop or due:  # Ctrl-C: save what is done and stop
             if pending is not None:
                 drain(pending)
+                pending = None
             ckpt.save(runner)
-            raise interrupt.Interrupted(cfg.run.dir, c * K)
+            if stop:
+                raise interrupt.Interrupted(cfg.run.dir, c * K)
         runner, metrics = interrupt.wait_for(compiled, runner)
         if pending is not None:
             drain(pending)
         pending = (c, metrics)
-        if ckpt.due((c + 1) * K):
-            drain(pending)
-            pending = None
-            ckpt.save(runner)
+        due = ckpt.due((c + 1) * K)
     if pending is not None:
         drain(pending)
     ckpt.save(runner)  # the end of the run (no-op if just saved)
