@@ -492,7 +492,9 @@ class TrainerConfig:
     seed_axis: int = 1  # devices of the mesh's seeds axis (fused; must divide num_seeds)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
-    def check(self, num_seeds: int) -> None:
+    def check(self, num_seeds: int, resumed: bool = False) -> None:
+        """`resumed`: the run continues a saved config, whose trainer and devices it takes
+        with this config's `distributed` only (checked when they are joined, `rundir`)."""
         require(self.name in TRAINERS, f"trainer: unknown trainer {self.name!r} (choose from: {', '.join(TRAINERS)})")
         count = requested_devices(self)
         _positive("trainer", self, "seed_axis")
@@ -501,7 +503,7 @@ class TrainerConfig:
         require(count is None or count % self.seed_axis == 0,
                 f"trainer.seed_axis={self.seed_axis} does not divide trainer.devices={count}")
         self.distributed.check()
-        n = self.distributed.num_processes
+        n = 1 if resumed else self.distributed.num_processes
         require(n == 1 or self.name == "fused", f"trainer.distributed.num_processes={n}: several processes "
                 f"train with trainer=fused only (trainer={self.name})")
         require(n == 1 or count != 1, f"trainer.devices={self.devices}: a run over {n} processes spans "
@@ -619,7 +621,7 @@ class Config:
             part.check()
         require(self.backend.name != "fused", f"backend=fused: {FUSED_IS_A_TRAINER}")
         self.scheduler.check()  # a scheduler's own keys are checked whichever trainer runs
-        self.trainer.check(self.num_seeds)
+        self.trainer.check(self.num_seeds, resumed=bool(self.run.resume))
         batch = self.env.num_envs * self.algo.num_steps
         if self.trainer.name == "fused":
             if self.algo.recurrent:  # first: it says why a size that divides the batch is refused

@@ -216,12 +216,14 @@ def test_the_processes_die_with_a_killed_launcher(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+LAUNCH_TWO = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1"]
+
+
 def _stopped_while_training(run: Path, who: str, sig: int) -> tuple:
     """A 2-process CartPole run sent `sig` once training has begun, to `who` (`launcher`,
     or `process 1` alone): `(launcher's exit code, its stderr, the processes' PIDs)`."""
-    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
-           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", "env.num_envs=8",
-           "run.log_chunks=2000", f"run.dir={run}", "run.progress=false"]
+    cmd = [*LAUNCH_TWO, "trainer=fused", "trainer.devices=2", "algo.total_timesteps=25600", "env.num_envs=8",
+           "run.log_chunks=2000", f"run.dir={run}", "run.progress=false"]  # 25 chunks of one update, ~0.4 s each
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent)
     try:
         deadline = time.monotonic() + 180
@@ -238,7 +240,8 @@ def _stopped_while_training(run: Path, who: str, sig: int) -> tuple:
     return launcher.returncode, err, workers
 
 
-@pytest.mark.parametrize("who, sig", [("process 1", signal.SIGINT), ("launcher", signal.SIGTERM)])
+@pytest.mark.parametrize("who, sig", [("process 1", signal.SIGINT),  # the launcher's with a resume: ~75 s
+                                      pytest.param("launcher", signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_stop_request_stops_every_process_at_one_checkpoint(tmp_path, who, sig):
     """The processes agree before each chunk whether to stop or save: a Ctrl-C (SIGINT)
     that reached process 1 alone, or a SIGTERM to the launcher alone (handed to each
@@ -249,8 +252,14 @@ def test_a_stop_request_stops_every_process_at_one_checkpoint(tmp_path, who, sig
     assert code == 130, err[-3000:]
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
     assert "error:" not in err and "Traceback" not in err, err[-3000:]
-    assert "checkpoint saved; continue with" in err  # process 0's line, whoever got the signal
+    assert "checkpoint saved; continue with jaxrl-dist launch --processes 2 run.resume=" in err
     assert _params(tmp_path / "run").size  # the checkpoint is whole: both processes' parts and the manifest
+    if who == "launcher":  # and the processes continue it, with the saved config and the new coordinator
+        resumed = subprocess.run([*LAUNCH_TWO, f"run.resume={tmp_path / 'run'}"], capture_output=True, text=True,
+                                 timeout=300, cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["resumed_at_update"] > 0 and summary["num_updates"] == 25 and summary["processes"] == 2
 
 
 def _params(run_dir: Path) -> np.ndarray:

@@ -154,10 +154,11 @@ def launch(overrides: Sequence[str], processes: int, coordinator: Optional[str] 
         raise ConfigError(f"--processes must be positive, got {processes}")
     if any(o.split("=", 1)[0].startswith("trainer.distributed.") for o in overrides):
         raise ConfigError("trainer.distributed.*: jaxrl-dist launch sets these for each process")
-    if _given(overrides, "trainer.devices") is None:  # one global mesh over every process's devices
+    resume = _given(overrides, "run.resume")
+    if _given(overrides, "trainer.devices") is None and not resume:  # one mesh over every process's devices
         overrides = [*overrides, "trainer.devices=all"]
-    run_dir = Path(_given(overrides, "run.resume") or _given(overrides, "run.dir") or default_run_dir()).resolve()
-    if not _given(overrides, "run.resume"):  # the config once here, not once a process (and one line)
+    run_dir = Path(resume or _given(overrides, "run.dir") or default_run_dir()).resolve()
+    if not resume:  # the config once here, not once a process (and one line)
         check_parts(load_config(overrides))
         check_usable(run_dir)
         check_fresh(run_dir)

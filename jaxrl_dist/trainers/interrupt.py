@@ -27,6 +27,14 @@ _twice = threading.Event()  # the second Ctrl-C came
 POLL_S = 0.1  # the main thread's longest sleep in `wait_for`
 # what the first Ctrl-C prints, by what the trainer stops after
 _NEXT_STOP = {"chunk": "the chunks in flight", "round": "this round", "update": "this update"}
+# the command that continues this process's run (`distributed.initialize` names `launch`)
+_resume_with = ["jaxrl-dist train"]
+
+
+def resume_with(command: str) -> None:
+    """Name the command that continues the run in the stop lines (a multi-process run's
+    processes are started again by `jaxrl-dist launch`, not one `train`)."""
+    _resume_with[0] = command
 
 
 class Interrupted(KeyboardInterrupt):
@@ -34,7 +42,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, run_dir, step: int, unit: str = "update"):
         super().__init__(f"interrupted at {unit} {step}; checkpoint saved; continue with "
-                         f"jaxrl-dist train run.resume={run_dir}")
+                         f"{_resume_with[0]} run.resume={run_dir}")
         self.run_dir, self.step = run_dir, step
 
 
@@ -46,7 +54,7 @@ class StoppedAtOnce(Interrupted):
         then = ("nothing saved since the last checkpoint; continue from it" if saved
                 else "no checkpoint written yet; start it again")
         KeyboardInterrupt.__init__(self, f"stopped at once (Ctrl-C twice): {then} with "
-                                   f"jaxrl-dist train run.resume={run_dir}")
+                                   f"{_resume_with[0]} run.resume={run_dir}")
         self.run_dir, self.step = run_dir, None
 
 

@@ -252,7 +252,9 @@ def prepare_run(cfg: Config, run_dir=None, check_keys: bool = False) -> tuple:
             check_resumed(cfg, changed_keys(cfg, saved), saved.backend.name)
         run = dataclasses.replace(saved.run, dir=str(run_dir), resume=str(run_dir),
                                   **{key: getattr(cfg.run, key) for key in RESUMED})
-        cfg = dataclasses.replace(saved, run=run, backend=_resumed_backend(saved.backend, cfg.backend))
+        trainer = dataclasses.replace(saved.trainer, distributed=cfg.trainer.distributed)  # this launch's processes
+        cfg = dataclasses.replace(saved, run=run, backend=_resumed_backend(saved.backend, cfg.backend), trainer=trainer)
+        trainer.check(cfg.num_seeds)
     else:
         run_dir = Path(run_dir or cfg.run.dir or default_run_dir())
         check_usable(run_dir)
