@@ -19,14 +19,15 @@ from jaxrl_dist.trainers.checkpoint import saved_steps
 from jaxrl_dist.trainers.interrupt import acknowledgement
 
 
-def interrupt_after_first_records(args: list, metrics, timeout: float = 120) -> subprocess.CompletedProcess:
+def interrupt_after_first_records(args: list, metrics, timeout: float = 120,
+                                  sig: int = signal.SIGINT) -> subprocess.CompletedProcess:
     env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
     proc = subprocess.Popen(command() + ["train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     deadline = time.time() + timeout
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -40,14 +41,20 @@ def test_ctrl_c_checkpoints_says_how_to_resume_and_exits_130(tmp_path, trainer, 
     interrupted(tmp_path, trainer, extra, unit)
 
 
-def interrupted(tmp_path, trainer: str, extra: list, unit: str) -> tuple:
+def test_sigterm_checkpoints_and_exits_143(tmp_path):
+    """What a cluster's scheduler sends before it takes the machine back: the run saves
+    and stops as on Ctrl-C, and says which signal it was."""
+    interrupted(tmp_path, "fused", ["algo.total_timesteps=307200"], "update", signal.SIGTERM)
+
+
+def interrupted(tmp_path, trainer: str, extra: list, unit: str, sig: int = signal.SIGINT) -> tuple:
     """Interrupt a run after its first records and check what it left: `(run dir, step)`."""
     run = tmp_path / "run"
     args = [f"trainer={trainer}", f"run.dir={run}", "run.progress=false", "run.tensorboard=false", *extra]
-    out = interrupt_after_first_records(args, run / "metrics.jsonl")
-    assert out.returncode == 130, out.stderr[-2000:]
+    out = interrupt_after_first_records(args, run / "metrics.jsonl", sig=sig)
+    assert out.returncode == 128 + sig, out.stderr[-2000:]
     lines = [x for x in out.stderr.splitlines() if x.strip()]
-    assert len(lines) == 2 and lines[0] == acknowledgement({"fused": "chunk"}.get(trainer, unit))
+    assert len(lines) == 2 and lines[0] == acknowledgement({"fused": "chunk"}.get(trainer, unit), sig)
     assert lines[1].startswith(f"interrupted at {unit} ")
     assert lines[1].endswith(f"continue with jaxrl-dist train run.resume={run}")
     step = int(lines[1].split()[3].rstrip(";"))

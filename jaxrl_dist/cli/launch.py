@@ -35,6 +35,7 @@ from jaxrl_dist.trainers.parts import check_parts
 from jaxrl_dist.trainers.rundir import check_fresh, check_usable, default_run_dir
 
 POLL_S = 0.2
+STOPPED = (EXIT_INTERRUPTED, 143)  # a process that saved and stopped on a Ctrl-C or a SIGTERM
 
 
 class Worker(NamedTuple):
@@ -118,12 +119,12 @@ def supervise(workers: Sequence[Worker]) -> int:
         while True:
             codes = [w.proc.poll() for w in workers]
             # a process that lost its peer (EXIT_PEER_LOST) is named only when no other failed
-            failed = min((w for w, c in zip(workers, codes) if c not in (None, 0, EXIT_INTERRUPTED)), default=None,
+            failed = min((w for w, c in zip(workers, codes) if c not in (None, 0, *STOPPED)), default=None,
                          key=lambda w: w.proc.returncode == EXIT_PEER_LOST)
             if failed is not None:
                 return _fail(workers, failed)
             if None not in codes:
-                return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else 0
+                return EXIT_INTERRUPTED if set(codes) & set(STOPPED) else 0
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stop(workers)

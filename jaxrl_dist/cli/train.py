@@ -40,7 +40,7 @@ from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, 
                                distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
-from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_now
+from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now
 
 EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
 EXIT_NO_LEGAL_ACTION = 4  # the env allowed no action where the policy had to act
@@ -236,8 +236,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         later = "; the multirun stops here: its later jobs did not run" if multirun else ""
         print(f"{err}{later}", file=sys.stderr, flush=True)
         if isinstance(err, StoppedAtOnce):
-            exit_now(EXIT_INTERRUPTED)
-        raise SystemExit(EXIT_INTERRUPTED) from None
+            exit_now(exit_code())
+        raise SystemExit(exit_code()) from None  # 130 for Ctrl-C, 143 for SIGTERM
     LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     return _objective(summary, config.run.objective)
 

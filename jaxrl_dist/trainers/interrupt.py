@@ -24,6 +24,7 @@ from jaxrl_dist.trainers import status
 
 _requested = threading.Event()
 _twice = threading.Event()  # the second Ctrl-C came
+_asked_by = [signal.SIGINT]  # the signal that asked the run to stop
 POLL_S = 0.1  # the main thread's longest sleep in `wait_for`
 # what the first Ctrl-C prints, by what the trainer stops after
 _NEXT_STOP = {"chunk": "the chunks in flight", "round": "this round", "update": "this update"}
@@ -59,8 +60,14 @@ class StoppedAtOnce(Interrupted):
 
 
 def requested() -> bool:
-    """Whether Ctrl-C (SIGINT) asked the run to stop."""
+    """Whether Ctrl-C (SIGINT) or SIGTERM asked the run to stop."""
     return _requested.is_set()
+
+
+def exit_code() -> int:
+    """The exit code of a run that stopped on request: 130 for Ctrl-C, 143 for SIGTERM
+    (the shell's codes for a process those signals ended)."""
+    return 128 + _asked_by[0]
 
 
 def step_unit(trainer: str) -> str:
@@ -68,52 +75,57 @@ def step_unit(trainer: str) -> str:
     return {"sync": "round", "async": "update"}.get(trainer, "chunk")
 
 
-def acknowledgement(unit: str) -> str:
-    """The line the first Ctrl-C prints; `unit`: what the trainer stops after (`_NEXT_STOP`)."""
-    return (f"Ctrl-C: stopping after {_NEXT_STOP.get(unit, 'this ' + unit)}; a checkpoint follows "
-            "(Ctrl-C again to stop at once)")
+def acknowledgement(unit: str, signum: int = signal.SIGINT) -> str:
+    """The line the first Ctrl-C (or SIGTERM) prints; `unit`: what the trainer stops after
+    (`_NEXT_STOP`)."""
+    by = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    return (f"{by}: stopping after {_NEXT_STOP.get(unit, 'this ' + unit)}; a checkpoint follows "
+            f"({by} again to stop at once)")
 
 
 @contextlib.contextmanager
 def stop_on_sigint(unit: str = "chunk"):
-    """While the block runs, the first SIGINT sets `requested()` and prints
-    `acknowledgement(unit)`; the second raises `KeyboardInterrupt`.
+    """While the block runs, the first SIGINT or SIGTERM sets `requested()` and prints
+    `acknowledgement(unit)`; the second raises `KeyboardInterrupt`. SIGTERM is what a
+    cluster's scheduler sends before it takes the machine back: the run saves and stops.
 
     Signal handlers belong to the main thread: elsewhere (a library user's thread)
-    the block runs with SIGINT as it was. The line is printed by a thread of its own:
-    the handler interrupts the main thread anywhere, maybe inside a write to the same
-    stream or inside the progress bar's drawing.
+    the block runs with the signals as they were. The line is printed by a thread of its
+    own: the handler interrupts the main thread anywhere, maybe inside a write to the
+    same stream or inside the progress bar's drawing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _twice.clear()  # left set after a run stopped at once, for `_exit_if_busy`
+    _asked_by[0] = signal.SIGINT
     wake = threading.Event()
-    announcer = threading.Thread(target=_announce, args=(wake, acknowledgement(unit)), daemon=True,
-                                 name="jaxrl-dist-ctrl-c")
+    announcer = threading.Thread(target=_announce, args=(wake, unit), daemon=True, name="jaxrl-dist-ctrl-c")
     announcer.start()
 
     def ask(signum, frame):
         if _requested.is_set():
             _twice.set()
             raise KeyboardInterrupt
+        _asked_by[0] = signum
         _requested.set()
         wake.set()
 
-    previous = signal.signal(signal.SIGINT, ask)
+    previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         wake.set()
         announcer.join(timeout=1.0)  # its line before whatever the caller prints next
         _requested.clear()
 
 
-def _announce(wake: threading.Event, text: str) -> None:
+def _announce(wake: threading.Event, unit: str) -> None:
     wake.wait()
     if _requested.is_set():  # else the block ended without a Ctrl-C
-        status.say(text)
+        status.say(acknowledgement(unit, _asked_by[0]))
 
 
 @contextlib.contextmanager
@@ -187,7 +199,7 @@ def _exit_if_busy() -> None:
     `wait_for` on a second Ctrl-C): end the process here. The interpreter would stop
     that thread inside XLA's C++ code, and the C++ runtime aborts on that."""
     if _busy.is_set():
-        exit_now(130 if _twice.is_set() else 1)
+        exit_now(exit_code() if _twice.is_set() else 1)
 
 
 def wait_for(fn: Callable, *args):
