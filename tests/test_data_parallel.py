@@ -163,25 +163,43 @@ def test_launch_checks_the_config_once_before_it_starts_a_process(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_launch_stops_the_others_when_a_process_dies(tmp_path):
-    """A killed process ends the run with one line; no process is left waiting for it."""
-    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
-           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", "env.num_envs=8",
-           f"run.dir={tmp_path / 'run'}", "run.progress=false"]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+LAUNCH_TWO = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
+              "trainer=fused", "trainer.devices=2", "run.progress=false"]
+
+
+def _launched(run: Path, *overrides: str) -> tuple:
+    """`(launcher, its two processes' PIDs)`: a 2-process run of `overrides`, once both
+    processes exist (the launcher's stdout and stderr are pipes)."""
+    launcher = subprocess.Popen([*LAUNCH_TWO, *overrides, f"run.dir={run}"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=run.parent)
+    deadline = time.monotonic() + 120
+    while len(_children(launcher.pid)) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.2)
+    return launcher, _children(launcher.pid)
+
+
+def _ended(launcher, timeout: float) -> str:
+    """The launcher's stderr once it exits; killed if it has not within `timeout`."""
     try:
-        deadline = time.monotonic() + 120
-        while len(_children(launcher.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        workers = _children(launcher.pid)
-        assert len(workers) == 2, "the launcher did not start two processes"
-        time.sleep(3)  # both are importing or joining
-        os.kill(workers[1], signal.SIGKILL)
-        _, err = launcher.communicate(timeout=60)
+        return launcher.communicate(timeout=timeout)[1]
     finally:
         if launcher.poll() is None:
             launcher.kill()
-            launcher.wait()
+            launcher.communicate()
+
+
+LONG = ("algo.total_timesteps=5000000", "env.num_envs=8")
+
+
+def test_launch_stops_the_others_when_a_process_dies(tmp_path):
+    """A killed process ends the run with one line; no process is left waiting for it."""
+    launcher, workers = _launched(tmp_path / "run", *LONG)
+    try:
+        assert len(workers) == 2, "the launcher did not start two processes"
+        time.sleep(3)  # both are importing or joining
+        os.kill(workers[1], signal.SIGKILL)
+    finally:
+        err = _ended(launcher, 60)
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert lines == [f"error: jaxrl-dist launch: process 1 (pid {workers[1]}) exited with code -9; its log: "
                      f"{tmp_path / 'run' / 'process_1' / 'output.log'}; stopped the other 1 running process(es)"]
@@ -192,20 +210,12 @@ def test_launch_stops_the_others_when_a_process_dies(tmp_path):
 def test_the_processes_die_with_a_killed_launcher(tmp_path):
     """The processes run in their own session (the launcher hands them Ctrl-C), so a
     launcher killed outright takes them with it rather than leaving them training."""
-    cmd = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1",
-           "trainer=fused", "trainer.devices=2", "algo.total_timesteps=5000000", f"run.dir={tmp_path / 'run'}",
-           "run.progress=false"]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    workers = []
+    launcher, workers = _launched(tmp_path / "run", *LONG)
     try:
-        deadline = time.monotonic() + 120
-        while len(_children(launcher.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        workers = _children(launcher.pid)
         assert len(workers) == 2, "the launcher did not start two processes"
         time.sleep(3)  # both are importing or joining
         launcher.kill()
-        launcher.wait()
+        launcher.wait()  # its pipes stay open while process 0 lives
         deadline = time.monotonic() + 30
         while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -214,29 +224,22 @@ def test_the_processes_die_with_a_killed_launcher(tmp_path):
         for pid in workers:  # whatever the outcome, nothing left running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-LAUNCH_TWO = [sys.executable, "-m", "jaxrl_dist", "launch", "--processes", "2", "--devices-per-process", "1"]
+        _ended(launcher, 30)
 
 
 def _stopped_while_training(run: Path, who: str, sig: int) -> tuple:
     """A 2-process CartPole run sent `sig` once training has begun, to `who` (`launcher`,
     or `process 1` alone): `(launcher's exit code, its stderr, the processes' PIDs)`."""
-    cmd = [*LAUNCH_TWO, "trainer=fused", "trainer.devices=2", "algo.total_timesteps=25600", "env.num_envs=8",
-           "run.log_chunks=2000", f"run.dir={run}", "run.progress=false"]  # 25 chunks of one update, ~0.4 s each
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run.parent)
+    # 25 chunks of one update, ~0.4 s each
+    launcher, workers = _launched(run, "algo.total_timesteps=25600", "env.num_envs=8", "run.log_chunks=2000")
     try:
         deadline = time.monotonic() + 180
         while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.2)
-        workers = _children(launcher.pid)
         assert len(workers) == 2 and (run / "metrics.jsonl").is_file(), "the run did not start training"
         os.kill(launcher.pid if who == "launcher" else workers[1], sig)
-        _, err = launcher.communicate(timeout=120)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        err = _ended(launcher, 120)
     return launcher.returncode, err, workers
 
 
@@ -255,8 +258,8 @@ def test_a_stop_request_stops_every_process_at_one_checkpoint(tmp_path, who, sig
     assert "checkpoint saved; continue with jaxrl-dist launch --processes 2 run.resume=" in err
     assert _params(tmp_path / "run").size  # the checkpoint is whole: both processes' parts and the manifest
     if who == "launcher":  # and the processes continue it, with the saved config and the new coordinator
-        resumed = subprocess.run([*LAUNCH_TWO, f"run.resume={tmp_path / 'run'}"], capture_output=True, text=True,
-                                 timeout=300, cwd=tmp_path)
+        resumed = subprocess.run([*LAUNCH_TWO[:8], f"run.resume={tmp_path / 'run'}", "run.progress=false"], capture_output=True,
+                                 text=True, timeout=300, cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["resumed_at_update"] > 0 and summary["num_updates"] == 25 and summary["processes"] == 2
