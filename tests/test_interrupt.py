@@ -148,5 +148,5 @@ def test_ctrl_c_on_a_basic_multirun_says_its_later_jobs_did_not_run(tmp_path):
             "run.progress=false", "run.tensorboard=false"]
     out = interrupt_after_first_records(args, sweep / "0" / "metrics.jsonl")
     assert out.returncode == 130, out.stderr[-2000:]
-    assert "; the multirun stops here: its later jobs did not run" in out.stderr
+    assert "; the multirun stops here: no later job of it runs" in out.stderr
     assert saved_steps(sweep / "0") and not (sweep / "1").exists()

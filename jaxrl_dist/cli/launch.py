@@ -11,8 +11,8 @@ processes instead: when one exits with an error it kills the others (SIGKILL, by
 PID) and prints one line naming the process, its exit code and its log.
 
 The processes run in a session of their own, so a signal reaches them once, from the
-launcher: a Ctrl-C or a SIGTERM to the launcher is handed to each as one SIGINT (stop
-after the chunk, with a checkpoint; a second one stops at once). On Linux a process
+launcher: a Ctrl-C or a SIGTERM to the launcher is handed to each (stop after the
+chunk, with a checkpoint; a second one stops at once). On Linux a process
 whose launcher dies (killed outright, or its terminal closed) is killed with it.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional, Sequence
 
 from jaxrl_dist.cli.compose import load_config
-from jaxrl_dist.cli.train import EXIT_INTERRUPTED, EXIT_PEER_LOST, LAUNCHER_ENV
+from jaxrl_dist.cli.train import EXIT_INTERRUPTED, EXIT_PEER_LOST, LAUNCHER_ENV, RESUME_ENV
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.serve.local import free_port
 from jaxrl_dist.trainers.parts import check_parts
@@ -61,8 +61,10 @@ def _command(overrides: Sequence[str], run_dir: Path, coordinator: str, n: int, 
     return cmd
 
 
-def _environment(devices_per_process: Optional[int]) -> dict:
-    env = dict(os.environ, **{LAUNCHER_ENV: str(os.getpid())})
+def _environment(processes: int, devices_per_process: Optional[int]) -> dict:
+    again = f"jaxrl-dist launch --processes {processes}" + (
+        f" --devices-per-process {devices_per_process}" if devices_per_process else "")
+    env = dict(os.environ, **{LAUNCHER_ENV: str(os.getpid()), RESUME_ENV: again})
     if devices_per_process:  # CPU: split the host into this many devices per process
         flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", env.get("XLA_FLAGS", ""))
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices_per_process}".strip()
@@ -72,7 +74,7 @@ def _environment(devices_per_process: Optional[int]) -> dict:
 def start(overrides: Sequence[str], processes: int, run_dir: Path, coordinator: str,
           devices_per_process: Optional[int] = None) -> list:
     """Start the processes; returns their `Worker`s."""
-    env, workers = _environment(devices_per_process), []
+    env, workers = _environment(processes, devices_per_process), []
     for i in range(processes):
         log = None
         out = None
@@ -99,11 +101,11 @@ def stop(workers: Sequence[Worker]) -> None:
 
 
 def supervise(workers: Sequence[Worker]) -> int:
-    """Wait for the processes: 0 when all succeed, 130 when they stopped on a Ctrl-C
-    (which every process acts on at the same chunk, after a checkpoint, even where it
-    reached one process only); else the first failure's exit code, after stopping the
+    """Wait for the processes: 0 when all succeed, 130 (143) when they stopped on a
+    Ctrl-C (SIGTERM), which every process acts on at the same chunk, after a checkpoint,
+    even where it reached one process only; else the first failure's exit code, after stopping the
     others and printing one line. A SIGINT or SIGTERM to the launcher meanwhile is
-    handed to each running process as one SIGINT; a third kills them all."""
+    handed to each running process; a third kills them all."""
     signals = []
 
     def forward(signum, frame):
@@ -112,7 +114,7 @@ def supervise(workers: Sequence[Worker]) -> int:
             raise KeyboardInterrupt
         for w in workers:
             if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGINT)
+                w.proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -123,8 +125,8 @@ def supervise(workers: Sequence[Worker]) -> int:
                          key=lambda w: w.proc.returncode == EXIT_PEER_LOST)
             if failed is not None:
                 return _fail(workers, failed)
-            if None not in codes:
-                return EXIT_INTERRUPTED if set(codes) & set(STOPPED) else 0
+            if None not in codes:  # 143 where a SIGTERM stopped them, as one `train` exits
+                return max((c for c in codes if c in STOPPED), default=0)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stop(workers)
@@ -175,7 +177,7 @@ EPILOG = """\
 Process 0 hosts JAX's coordinator on a free loopback port (or --coordinator) and
 writes the run directory; the run uses every process's devices (trainer.devices=all); process i > 0 logs to RUN_DIR/process_<i>/. A process
 that exits with an error stops the others, with one line naming it. Ctrl-C (or SIGTERM)
-stops every process after the same chunk, with a checkpoint, and exits 130.
+stops every process after the same chunk, with a checkpoint, and exits 130 (143).
 
 examples:
   jaxrl-dist launch --processes 2 --devices-per-process 2 trainer=fused

@@ -40,7 +40,7 @@ from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, 
                                distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s
 from jaxrl_dist.trainers import status
-from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now
+from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now, resume_with
 
 EXIT_CONFIG_ERROR, EXIT_BACKEND_ERROR, EXIT_INTERRUPTED = 2, 3, 130  # 130: the shell's code for Ctrl-C
 EXIT_NO_LEGAL_ACTION = 4  # the env allowed no action where the policy had to act
@@ -51,7 +51,8 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
                 "--config-dir", "--experimental-rerun")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
-LAUNCHER_ENV = "JAXRL_DIST_LAUNCHER"  # set by `jaxrl-dist launch` for its processes: its PID
+# set by `jaxrl-dist launch` for its processes: its PID, and the command that starts them again
+LAUNCHER_ENV, RESUME_ENV = "JAXRL_DIST_LAUNCHER", "JAXRL_DIST_RESUME_WITH"
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
 # this process's validated run, failures, sweep dirs, and whether a job has run (its launch counted)
 _state = {"checked": None, "failed": [], "sweeps": [], "launched": False}
@@ -233,7 +234,7 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise JobFailed(f"error: {config.env.id}: {one_line(err)}", EXIT_NO_LEGAL_ACTION) from None
     except Interrupted as err:  # Ctrl-C: the checkpoint is written; a multirun stops too
         LOG.info("%s", err)
-        later = "; the multirun stops here: its later jobs did not run" if multirun else ""
+        later = "; the multirun stops here: no later job of it runs" if multirun else ""
         print(f"{err}{later}", file=sys.stderr, flush=True)
         if isinstance(err, StoppedAtOnce):
             exit_now(exit_code())
@@ -345,6 +346,8 @@ def _join(overrides: Sequence[str]) -> None:
         from jaxrl_dist.trainers import distributed
 
         _die_with_launcher()
+        if os.environ.get(RESUME_ENV):  # the stop lines name `launch`, with its flags
+            resume_with(os.environ.pop(RESUME_ENV))
         distributed.initialize(distributed_config({"distributed": given}))
 
 

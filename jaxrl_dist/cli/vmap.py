@@ -29,7 +29,7 @@ from jaxrl_dist.cli.compose import one_line, override_keys
 from jaxrl_dist.config import ConfigError
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 from jaxrl_dist.trainers.group import differing, plan, shaping, train_group
-from jaxrl_dist.trainers.interrupt import Interrupted, exit_code, exit_now
+from jaxrl_dist.trainers.interrupt import Interrupted, exit_code, exit_now, signal_name
 
 
 def _say(text: str) -> None:
@@ -212,7 +212,7 @@ def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict
         finish([None] * len(members))  # each job's .hydra/ and job log, as a job stopped alone has
         raise SystemExit(exit_code()) from None
     except KeyboardInterrupt:  # the second Ctrl-C: where the group was, maybe inside a write
-        _say(f"stopped at once (Ctrl-C twice): nothing saved since each job's last checkpoint "
+        _say(f"stopped at once ({signal_name()} twice): nothing saved since each job's last checkpoint "
              f"({dirs[0].parent}/*); continue one with run.resume=RUN_DIR")
         exit_now(exit_code())
 

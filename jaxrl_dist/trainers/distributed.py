@@ -50,7 +50,6 @@ def initialize(d: DistributedConfig) -> None:
             f"trainer.distributed.coordinator={d.coordinator}: process {d.process_id} of {d.num_processes} "
             f"did not connect within trainer.distributed.timeout_s={d.timeout_s} s ({reason})") from None
     _joined = True
-    interrupt.resume_with(f"jaxrl-dist launch --processes {d.num_processes}")
 
 
 def _wait_for_coordinator(d: DistributedConfig) -> None:

@@ -54,7 +54,7 @@ class StoppedAtOnce(Interrupted):
     def __init__(self, run_dir, saved: bool = True):
         then = ("nothing saved since the last checkpoint; continue from it" if saved
                 else "no checkpoint written yet; start it again")
-        KeyboardInterrupt.__init__(self, f"stopped at once (Ctrl-C twice): {then} with "
+        KeyboardInterrupt.__init__(self, f"stopped at once ({signal_name()} twice): {then} with "
                                    f"{_resume_with[0]} run.resume={run_dir}")
         self.run_dir, self.step = run_dir, None
 
@@ -62,6 +62,11 @@ class StoppedAtOnce(Interrupted):
 def requested() -> bool:
     """Whether Ctrl-C (SIGINT) or SIGTERM asked the run to stop."""
     return _requested.is_set()
+
+
+def signal_name() -> str:
+    """`Ctrl-C` or `SIGTERM`: what asked the run to stop, for its lines."""
+    return "SIGTERM" if _asked_by[0] == signal.SIGTERM else "Ctrl-C"
 
 
 def exit_code() -> int:
@@ -78,7 +83,7 @@ def step_unit(trainer: str) -> str:
 def acknowledgement(unit: str, signum: int = signal.SIGINT) -> str:
     """The line the first Ctrl-C (or SIGTERM) prints; `unit`: what the trainer stops after
     (`_NEXT_STOP`)."""
-    by = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    by = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"  # `signal_name` of the run's
     return (f"{by}: stopping after {_NEXT_STOP.get(unit, 'this ' + unit)}; a checkpoint follows "
             f"({by} again to stop at once)")
 
