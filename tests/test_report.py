@@ -274,6 +274,26 @@ def test_a_sweep_of_few_runs_a_group_skips_the_performance_profile_in_one_line(t
                                      "their records: 1; one continues with jaxrl-dist train run.resume=DIR")
 
 
+def test_jobs_a_stopped_sweep_never_ran_are_named(tmp_path, few_reps):
+    """A multirun stopped during its 3rd of 2 x 3 jobs (Ctrl-C, SIGTERM) has no directory for
+    the last 3: the aggregate says so rather than looking whole."""
+    import yaml
+
+    from jaxrl_dist.tools.sweep_report import planned_jobs
+
+    sweep = write_sweep(tmp_path / "sweep", {1: 3})
+    planned = {"hydra": {"sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+                                      "params": {"algo.lr": "1,2"}},
+                         "overrides": {"task": ["seed=0,1,2", "trainer=fused"]}}}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(planned))
+    assert planned_jobs(sweep) == 6
+    assert few_reps(sweep)[2][0] == ("jobs the sweep planned that never ran (no directory): 3, 4, 5 of 6; "
+                                     "the figures and the table leave them out")
+    planned["hydra"]["sweeper"] = {"_target_": "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"}
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump(planned))
+    assert planned_jobs(sweep) is None  # sampled trials: no count to miss
+
+
 def test_a_performance_profile_draws_the_groups_of_five_runs_or_more(tmp_path, few_reps):
     sweep = write_sweep(tmp_path / "sweep", {1: 5, 2: 2})
     lines, written, notes = few_reps(sweep)

@@ -84,6 +84,36 @@ def _load_jobs(path: Path) -> tuple:
     return loaded, left_out
 
 
+def planned_jobs(path: Path) -> Optional[int]:
+    """How many jobs the basic sweeper's `multirun.yaml` asked for (the product of each
+    swept override's values, `hydra.sweeper.params` too); None for another sweeper, or
+    sweeps that are sampled (`interval(...)`) rather than listed."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    saved = yaml.safe_load((path / "multirun.yaml").read_text()) if (path / "multirun.yaml").is_file() else None
+    hydra = (saved or {}).get("hydra") or {}
+    sweeper = hydra.get("sweeper") or {}
+    if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    given = [*((hydra.get("overrides") or {}).get("task") or []),
+             *(f"{k}={v}" for k, v in (sweeper.get("params") or {}).items())]
+    count = 1
+    try:
+        for o in OverridesParser.create().parse_overrides(given):
+            count *= len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    except Exception:  # an override this parser cannot list: no count, no note
+        return None
+    return count
+
+
+def _never_ran(path: Path) -> list:
+    """The numbers of the jobs a basic sweep planned that have no directory (the multirun
+    stopped before them: a Ctrl-C or SIGTERM, or a failed job under a launcher that stops)."""
+    planned = planned_jobs(path)
+    return [] if planned is None else [str(i) for i in range(planned) if not (path / str(i)).is_dir()]
+
+
 def load_sweep(path) -> list:
     """The sweep's jobs with records as `Group`s (a failed job, with none, is left out);
     a group is named by the overrides in which its jobs differ from the others."""
@@ -317,6 +347,9 @@ def sweep_report(path, out_dir=None) -> tuple:
     envs = sorted({g.env_id for g in groups})
     written, iqms = [], {}
     notes = [f"jobs left out, with no records: {', '.join(left_out)}"] if left_out else []
+    never = _never_ran(Path(path))
+    notes += [f"jobs the sweep planned that never ran (no directory): {', '.join(never)} of "
+              f"{planned_jobs(Path(path))}; the figures and the table leave them out"] if never else []
     unfinished = [run.path.name for run, _ in loaded if run.summary is None]
     notes += [f"jobs without summary.json (interrupted, or still running), drawn from their records: "
               f"{', '.join(unfinished)}; one continues with jaxrl-dist train run.resume=DIR"] if unfinished else []
