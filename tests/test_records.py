@@ -42,3 +42,20 @@ def test_records_round_trip_and_the_checkpoint_holds_the_clock(tmp_path, trainer
         assert clock["cum_usd"] == pytest.approx(lines[-1]["cum_cost_usd"])
         assert clock["cum_wall_s"] >= lines[-1]["cum_wall_s"]
     assert summary["cost_usd"] == pytest.approx(lines[-1]["cum_cost_usd"])
+
+
+def test_a_resumed_runs_table_says_which_times_count_from_the_runs_start():
+    """Its wall and training seconds are this process's; the measured time to target
+    counts from the run's start (`cum_wall_s` carries on across resumes)."""
+    from rich.console import Console
+
+    from jaxrl_dist.trainers.logger import summary_table
+
+    def shown(summary):
+        console = Console(width=200, record=True)
+        console.print(summary_table(summary))
+        return console.export_text()
+
+    row = {"wall_seconds": 19.7, "wall_to_target_s": 23.4}
+    assert "measured time to target (s, since the run began)" in shown({**row, "resumed_at_update": 62})
+    assert "measured time to target (s) " in shown(row)

@@ -284,6 +284,9 @@ SUMMARY_ROWS = (
     ("params_sha256", "params sha256"), ("peak_rss_mb", "peak memory (MB)"),
     ("resumed_at_update", "resumed at"), ("run_dir", "run directory"))
 DIGEST_SHOWN = 12  # hex digits of params_sha256 in the table
+# rows counted over the whole run, across resumes (a resumed run's wall and training
+# seconds are its own process's)
+WHOLE_RUN = ("wall_to_target_s",)
 
 
 PHASES_SHOWN = 6  # the largest phases in the table's `time by phase` cell
@@ -314,7 +317,10 @@ def summary_table(summary: dict):
     from rich.table import Table
 
     table = Table(title="run summary (all of it in summary.json)", show_header=False)
+    resumed = summary.get("resumed_at_update") is not None
     for key, label in SUMMARY_ROWS:
         if key in summary:
+            if resumed and key in WHOLE_RUN:  # the times above are this process's
+                label = label.replace(" (s)", " (s, since the run began)")
             table.add_row(label, _cell(key, summary[key]))
     return table
