@@ -181,3 +181,17 @@ def test_a_library_warning_prints_above_the_bar_not_inside_it():
     assert re.search(rb"\r\x1b\[2K(\x1b\[[0-9;]*m)*the library warns\r\n", outs["routed"])
     # the handler as the library made it writes into the middle of the bar's line
     assert not re.search(rb"\x1b\[2K(\x1b\[[0-9;]*m)*the library warns", outs["as_is"])
+
+
+def test_a_basic_multiruns_jobs_show_their_lines_one_after_another(tmp_path):
+    """Hydra's basic launcher runs the jobs one by one in this process: each shows its
+    plain progress lines where stdout is not a terminal (side-by-side launchers show none)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "jaxrl_dist", "train", "-m", "seed=0,1", "trainer=fused",
+                          "algo.total_timesteps=10240", f"run.dir={tmp_path / 'sweep'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = (out.stdout + out.stderr).splitlines()
+    assert sum(line.startswith("steps 10240/10240 (100%)") for line in lines) == 2

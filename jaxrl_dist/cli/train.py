@@ -211,8 +211,8 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
     NoLegalAction = PeerLost = ()  # match nothing until the trainers (and their errors) are imported
     try:
         config = _state["checked"] if not multirun and _state["checked"] else _checked(cfg, overrides)
-        if multirun and "run.progress" not in override_keys(overrides):  # parallel jobs would draw over each other
-            config.run.progress = False
+        if multirun and "run.progress" not in override_keys(overrides) and not _one_by_one():
+            config.run.progress = False  # jobs side by side would draw over each other
         if multirun and isinstance(config.backend, RayBackendConfig) and config.backend.keep_actors is None:
             config.backend.keep_actors = True  # the next job takes the actors over
         with status.showing("loading JAX", config.run.progress):
@@ -241,6 +241,12 @@ def _run(cfg, overrides: Sequence[str], output_dir: str, multirun: bool) -> floa
         raise SystemExit(exit_code()) from None  # 130 for Ctrl-C, 143 for SIGTERM
     LOG.info("summary %s", {k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
     return _objective(summary, config.run.objective)
+
+
+def _one_by_one() -> bool:
+    """Whether the multirun's jobs run one after another in this process (Hydra's basic
+    launcher), so that each may show its own bar or lines."""
+    return str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default="")).endswith(".BasicLauncher")
 
 
 def job(cfg) -> float:
