@@ -155,7 +155,7 @@ def run_chunks(compiled, runner, ckpt, log, setup, K: int, start: int):
 
     for c in range(start // K, derived.num_updates // K):
         stop, due = distributed.agreed(interrupt.requested(), due)
-        if stop or due:  # Ctrl-C: save what is done and stop
+        if stop or due:  # a checkpoint due, or a stop asked (Ctrl-C, SIGTERM): save what is done
             if pending is not None:
                 drain(pending)
                 pending = None
