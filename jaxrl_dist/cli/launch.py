@@ -35,7 +35,7 @@ from jaxrl_dist.trainers.parts import check_parts
 from jaxrl_dist.trainers.rundir import check_fresh, check_usable, default_run_dir
 
 POLL_S = 0.2
-STOPPED = (EXIT_INTERRUPTED, 143)  # a process that saved and stopped on a Ctrl-C or a SIGTERM
+STOPPED = (EXIT_INTERRUPTED, 128 + signal.SIGTERM)  # a process that saved and stopped on a Ctrl-C or a SIGTERM
 
 
 class Worker(NamedTuple):
@@ -130,7 +130,7 @@ def supervise(workers: Sequence[Worker]) -> int:
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stop(workers)
-        print("jaxrl-dist launch: killed every process (a third Ctrl-C); nothing saved since the last "
+        print("jaxrl-dist launch: killed every process (a third Ctrl-C or SIGTERM); nothing saved since the last "
               "checkpoint", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     finally:

@@ -108,10 +108,13 @@ def planned_jobs(path: Path) -> Optional[int]:
 
 
 def _never_ran(path: Path) -> list:
-    """The numbers of the jobs a basic sweep planned that have no directory (the multirun
-    stopped before them: a Ctrl-C or SIGTERM, or a failed job under a launcher that stops)."""
+    """The note on the jobs a basic sweep planned that have no directory (the multirun
+    stopped before them: a Ctrl-C or SIGTERM, or a failed job under a launcher that
+    stops), or none."""
     planned = planned_jobs(path)
-    return [] if planned is None else [str(i) for i in range(planned) if not (path / str(i)).is_dir()]
+    never = [] if planned is None else [str(i) for i in range(planned) if not (path / str(i)).is_dir()]
+    return [f"jobs the sweep planned that never ran (no directory): {', '.join(never)} of {planned}; "
+            "the figures and the table leave them out"] if never else []
 
 
 def load_sweep(path) -> list:
@@ -347,9 +350,7 @@ def sweep_report(path, out_dir=None) -> tuple:
     envs = sorted({g.env_id for g in groups})
     written, iqms = [], {}
     notes = [f"jobs left out, with no records: {', '.join(left_out)}"] if left_out else []
-    never = _never_ran(Path(path))
-    notes += [f"jobs the sweep planned that never ran (no directory): {', '.join(never)} of "
-              f"{planned_jobs(Path(path))}; the figures and the table leave them out"] if never else []
+    notes += _never_ran(Path(path))
     unfinished = [run.path.name for run, _ in loaded if run.summary is None]
     notes += [f"jobs without summary.json (interrupted, or still running), drawn from their records: "
               f"{', '.join(unfinished)}; one continues with jaxrl-dist train run.resume=DIR"] if unfinished else []

@@ -28,7 +28,7 @@ _asked_by = [signal.SIGINT]  # the signal that asked the run to stop
 POLL_S = 0.1  # the main thread's longest sleep in `wait_for`
 # what the first Ctrl-C prints, by what the trainer stops after
 _NEXT_STOP = {"chunk": "the chunks in flight", "round": "this round", "update": "this update"}
-# the command that continues this process's run (`distributed.initialize` names `launch`)
+# the command that continues this process's run (`jaxrl-dist launch` names itself, with its flags)
 _resume_with = ["jaxrl-dist train"]
 
 
@@ -64,9 +64,9 @@ def requested() -> bool:
     return _requested.is_set()
 
 
-def signal_name() -> str:
-    """`Ctrl-C` or `SIGTERM`: what asked the run to stop, for its lines."""
-    return "SIGTERM" if _asked_by[0] == signal.SIGTERM else "Ctrl-C"
+def signal_name(signum: Optional[int] = None) -> str:
+    """`Ctrl-C` or `SIGTERM`: `signum`'s name in the lines (None: what asked the run to stop)."""
+    return "SIGTERM" if (_asked_by[0] if signum is None else signum) == signal.SIGTERM else "Ctrl-C"
 
 
 def exit_code() -> int:
@@ -83,7 +83,7 @@ def step_unit(trainer: str) -> str:
 def acknowledgement(unit: str, signum: int = signal.SIGINT) -> str:
     """The line the first Ctrl-C (or SIGTERM) prints; `unit`: what the trainer stops after
     (`_NEXT_STOP`)."""
-    by = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"  # `signal_name` of the run's
+    by = signal_name(signum)
     return (f"{by}: stopping after {_NEXT_STOP.get(unit, 'this ' + unit)}; a checkpoint follows "
             f"({by} again to stop at once)")
 
