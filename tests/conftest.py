@@ -5,6 +5,11 @@ Besides matching what users run, this turns off XLA's concurrency-optimised CPU
 scheduler, under which large vmapped programs (the learned scheduler's
 scheduling MDP) were seen to hang now and then on 2 cores.
 """
+import os
+import shutil
+import sys
+import tempfile
+
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 
 configure_cpu()
@@ -22,3 +27,26 @@ def runs_once(tmp_path_factory, prefix: str, make):
         return made[key]
 
     return run
+
+
+_CACHE = {"made": None}
+
+
+def pytest_configure(config):
+    """One persistent XLA compile cache for the whole run, made by pytest itself before
+    its workers start: they, and the CLI processes tests start, inherit it. Many tests
+    compile the same small programs; users' runs cache them too (`run.compile_cache`)."""
+    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    made = _CACHE["made"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-xla-")
+    settings = {"jax_compilation_cache_dir": made, "jax_persistent_cache_min_compile_time_secs": 0.1,
+                "jax_persistent_cache_min_entry_size_bytes": -1}
+    os.environ.update({key.upper(): str(value) for key, value in settings.items()})
+    if "jax" in sys.modules:  # a run without workers (-n0) started JAX above
+        for key, value in settings.items():
+            sys.modules["jax"].config.update(key, value)
+
+
+def pytest_unconfigure(config):
+    if _CACHE["made"]:
+        shutil.rmtree(_CACHE["made"], ignore_errors=True)
