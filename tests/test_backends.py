@@ -18,7 +18,6 @@ from serving import TOKEN, Server
 ROUND_KEYS = {"round", "num_shards", "shard_s_min", "shard_s_median", "shard_s_max", "dispatch_s",
               "transfer_s", "wait_s", "learn_s", "round_s", "bytes_sent", "bytes_received",
               "retries", "env_steps", "return", "loss"}
-BACKENDS = ["local", "ray", "http"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +55,9 @@ def reference(tmp_path_factory):
     return train(config("local", tmp_path_factory.mktemp("ref")))
 
 
-@pytest.mark.parametrize("name", BACKENDS)
+# Ray's case is `-m slow`: test_ray's `test_ray_trains_like_local_on_a_runtime_it_starts`
+# checks the same digest against local in the default suite, on a runtime of its own
+@pytest.mark.parametrize("name", ["local", pytest.param("ray", marks=pytest.mark.slow), "http"])
 def test_same_seed_same_params_on_every_backend(name, tmp_path, servers, reference):
     summary = run(name, tmp_path, servers)
     assert summary["backend"] == name and summary["rounds"] == 5
