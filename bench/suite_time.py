@@ -3,7 +3,9 @@ then head, and again) so that all meet the same machine; medians of each.
 
 Each commit is a fresh clone in a temporary directory, tested with this environment's
 interpreter and packages and the clone first on PYTHONPATH (what `.ci/run` runs, less
-the install). The figure is pytest's own "in N s".
+the install). Each run gets a fresh `TMPDIR`, so no run finds the compile caches an
+earlier one left (the CLI tests' is under the temporary directory): each starts cold,
+as CI does. The figure is pytest's own "in N s".
 
     python bench/suite_time.py --base 2800618 [--base 23ecf17 ...] [--head HEAD] [--runs 3] [--out F.json]
 """
@@ -32,11 +34,12 @@ def clone(rev: str, where: Path) -> Path:
 def suite(tree: Path) -> dict:
     """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line,
     the failed tests' ids."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12", "-rf"],
-                         cwd=tree, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="r", dir=tree.parent) as tmp:
+        env = dict(os.environ, PYTHONPATH=str(tree), TMPDIR=tmp)
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12",
+                              "-rf"], cwd=tree, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
     last = [line for line in out.stdout.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     seconds = re.search(r"in ([\d.]+)s", last[-1]) if last else None
     slowest = re.findall(r"^([\d.]+)s (call|setup|teardown) +(\S+)", out.stdout, re.M)
