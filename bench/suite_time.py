@@ -3,9 +3,8 @@ then head, and again) so that all meet the same machine; medians of each.
 
 Each commit is a fresh clone in a temporary directory, tested with this environment's
 interpreter and packages and the clone first on PYTHONPATH (what `.ci/run` runs, less
-the install). Each run gets a fresh `TMPDIR`, so no run finds the compile caches an
-earlier one left (the CLI tests' is under the temporary directory): each starts cold,
-as CI does. The figure is pytest's own "in N s".
+the install). Each run gets a fresh `TMPDIR` and `XDG_CACHE_HOME`, so no run finds the
+compile caches an earlier one left: each starts cold, as CI does. The figure is pytest's own "in N s".
 
     python bench/suite_time.py --base 2800618 [--base 23ecf17 ...] [--head HEAD] [--runs 3] [--out F.json]
 """
@@ -35,7 +34,7 @@ def suite(tree: Path) -> dict:
     """One run of the default suite in `tree`: pytest's seconds, the wall, the counts line,
     the failed tests' ids."""
     with tempfile.TemporaryDirectory(prefix="r", dir=tree.parent) as tmp:
-        env = dict(os.environ, PYTHONPATH=str(tree), TMPDIR=tmp)
+        env = dict(os.environ, PYTHONPATH=str(tree), TMPDIR=tmp, XDG_CACHE_HOME=os.path.join(tmp, "cache"))
         start = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=12",
                               "-rf"], cwd=tree, env=env, capture_output=True, text=True)

@@ -33,15 +33,16 @@ _CACHE = {"made": None}
 
 
 def pytest_configure(config):
-    """One persistent XLA compile cache for the whole run, made by pytest itself before
-    its workers start: they, and the CLI processes tests start, inherit it. Many tests
-    compile the same small programs; users' runs cache them too (`run.compile_cache`)."""
-    if hasattr(config, "workerinput") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    """One cache directory for the whole run, made by pytest itself before its workers
+    start (they, and the CLI processes tests start, inherit it): `XDG_CACHE_HOME`, so no
+    test writes the user's own cache, and in it the persistent XLA compile cache that
+    `run.compile_cache` uses, on for every run. Many tests compile the same small programs."""
+    if hasattr(config, "workerinput"):
         return
-    made = _CACHE["made"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-xla-")
-    settings = {"jax_compilation_cache_dir": made, "jax_persistent_cache_min_compile_time_secs": 0.1,
-                "jax_persistent_cache_min_entry_size_bytes": -1}
-    os.environ.update({key.upper(): str(value) for key, value in settings.items()})
+    made = _CACHE["made"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-")
+    settings = {"jax_compilation_cache_dir": os.path.join(made, "jaxrl-dist", "xla"),
+                "jax_persistent_cache_min_compile_time_secs": 0.1, "jax_persistent_cache_min_entry_size_bytes": -1}
+    os.environ.update(XDG_CACHE_HOME=made, **{key.upper(): str(value) for key, value in settings.items()})
     if "jax" in sys.modules:  # a run without workers (-n0) started JAX above
         for key, value in settings.items():
             sys.modules["jax"].config.update(key, value)

@@ -6,7 +6,6 @@ import re
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ SUMMARY_KEYS = {
     "jaxlib_version", "platform", "device_kind", "device_count",
 }
 # compiled chunks survive between test sessions; the key covers jax version and program
-CACHE_HOME = Path(tempfile.gettempdir()) / "jaxrl-dist-test-cache"
+CACHE_HOME = Path(os.environ["XDG_CACHE_HOME"])  # the run's own (conftest), its compile cache shared
 
 
 def command() -> list:
