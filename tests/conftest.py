@@ -7,13 +7,14 @@ scheduling MDP) were seen to hang now and then on 2 cores.
 """
 import os
 import shutil
-import sys
 import tempfile
 
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 
 configure_cpu()
 use_unrolled_threefry()
+
+from jaxrl_dist.trainers import rundir  # noqa: E402  (JAX starts here, after the flags above)
 
 
 def runs_once(tmp_path_factory, prefix: str, make):
@@ -29,25 +30,19 @@ def runs_once(tmp_path_factory, prefix: str, make):
     return run
 
 
-_CACHE = {"made": None}
-
-
 def pytest_configure(config):
     """One cache directory for the whole run, made by pytest itself before its workers
     start (they, and the CLI processes tests start, inherit it): `XDG_CACHE_HOME`, so no
     test writes the user's own cache, and in it the persistent XLA compile cache that
-    `run.compile_cache` uses, on for every run. Many tests compile the same small programs."""
-    if hasattr(config, "workerinput"):
-        return
-    made = _CACHE["made"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-")
-    settings = {"jax_compilation_cache_dir": os.path.join(made, "jaxrl-dist", "xla"),
-                "jax_persistent_cache_min_compile_time_secs": 0.1, "jax_persistent_cache_min_entry_size_bytes": -1}
-    os.environ.update(XDG_CACHE_HOME=made, **{key.upper(): str(value) for key, value in settings.items()})
-    if "jax" in sys.modules:  # a run without workers (-n0) started JAX above
-        for key, value in settings.items():
-            sys.modules["jax"].config.update(key, value)
+    `run.compile_cache` uses (`rundir.enable_compile_cache`), on for every process of the
+    run, the cache off or not. Many tests compile the same small programs."""
+    if not hasattr(config, "workerinput"):
+        os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-")
+    path = rundir.enable_compile_cache()  # this process's (JAX is started above)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(path), JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(rundir.CACHE_MIN_COMPILE_SECS))
 
 
 def pytest_unconfigure(config):
-    if _CACHE["made"]:
-        shutil.rmtree(_CACHE["made"], ignore_errors=True)
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["XDG_CACHE_HOME"], ignore_errors=True)

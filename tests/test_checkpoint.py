@@ -17,8 +17,8 @@ import pytest
 from jaxrl_dist.trainers import checkpoint, fused
 from jaxrl_dist.config import ConfigError, from_dict
 from jaxrl_dist.envs import make_env
+from test_cli import CACHE_HOME
 
-CACHE_HOME = Path(os.environ["XDG_CACHE_HOME"])  # the run's own (conftest), its compile cache shared
 # 1000 updates of 4 envs x 32 steps; a checkpoint every 100 (chunks of 50)
 KILL_ARGS = ["trainer=fused", "algo.num_steps=32", "algo.total_timesteps=128000", "run.checkpoint_every=100",
              "run.progress=false", "run.tensorboard=false"]

@@ -20,8 +20,8 @@ SUMMARY_KEYS = {
     "num_seeds", "num_updates", "trainer", "jaxrl_dist_version", "commit", "jax_version",
     "jaxlib_version", "platform", "device_kind", "device_count",
 }
-# compiled chunks survive between test sessions; the key covers jax version and program
-CACHE_HOME = Path(os.environ["XDG_CACHE_HOME"])  # the run's own (conftest), its compile cache shared
+# the run's own cache directory (conftest): its compile cache is shared by every process of the run
+CACHE_HOME = Path(os.environ["XDG_CACHE_HOME"])
 
 
 def command() -> list:

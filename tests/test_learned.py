@@ -27,10 +27,11 @@ def task(env_id="CartPole-v1"):
                                "total_timesteps": 2 * 8 * 20}})
 
 
-def make_env(target=475.0, max_rounds=3, episodes=2, budgets=(0.0, 0.0), deadlines=(0.0, 0.0), no_limit=0.5):
+def make_env(target=475.0, max_rounds=3, episodes=2, budgets=(0.0, 0.0), deadlines=(0.0, 0.0), no_limit=0.5,
+             features=mdp.BASE_FEATURES):
     """The scheduling MDP of a tiny CartPole run; by default no episode has a limit."""
     opts = mdp.SchedOptions(M, max_rounds, target, 0.5, 10.0, profile.Profile(),
-                            mdp.Scale(0.0, 500.0, max_rounds, M), budgets, deadlines, no_limit)
+                            mdp.Scale(0.0, 500.0, max_rounds, M), budgets, deadlines, no_limit, features=features)
     return mdp.SchedulingEnv(task(), CostConfig(), opts, episodes)
 
 
@@ -38,8 +39,7 @@ def limited_env(budget: float, deadline: float):
     """The tiny task's MDP with every episode under a budget and a deadline (shares of
     `max_rounds` rounds at M shards), seeing every feature: one program for the tests of
     limits (XLA's compile cache serves it to the second)."""
-    env = make_env(max_rounds=3, budgets=(budget, budget), deadlines=(deadline, deadline), no_limit=0.0)
-    return mdp.SchedulingEnv(env.task_cfg, env.cost_cfg, env.opts._replace(features=mdp.FEATURES), 2)
+    return make_env(budgets=(budget, budget), deadlines=(deadline, deadline), no_limit=0.0, features=mdp.FEATURES)
 
 
 def acrobot_env(max_rounds=3, episodes=2):
