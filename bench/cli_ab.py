@@ -4,8 +4,10 @@ compiles apart), its compile seconds and the process wall; medians and head/base
 
 Each commit is a fresh clone, run with this environment's interpreter and packages and
 the clone first on PYTHONPATH; every run has its own run dir and no compile cache.
+`--base-site DIR`: the base runs with the packages installed in DIR in place of this
+environment's (as `bench/suite_time.py`).
 
-    python bench/cli_ab.py --base REV [--head HEAD] [--runs 3] [--out F.json] -- OVERRIDE ...
+    python bench/cli_ab.py --base REV [--head HEAD] [--runs 3] [--base-site DIR] [--out F.json] -- OVERRIDE ...
 """
 from __future__ import annotations
 
@@ -22,14 +24,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from suite_time import clone  # noqa: E402
+from suite_time import clone, pythonpath, site_packages  # noqa: E402
 
 FIGURES = ("sps", "compile_seconds", "wall_s")
 
 
-def run(tree: Path, overrides: list, run_dir: Path) -> dict:
+def run(tree: Path, overrides: list, run_dir: Path, site=None) -> dict:
     """One `jaxrl-dist train` in `tree`: its summary's figures and the process wall."""
-    env = dict(os.environ, PYTHONPATH=str(tree))
+    env = dict(os.environ, PYTHONPATH=pythonpath(tree, site))
     cmd = [sys.executable, "-m", "jaxrl_dist", "train", *overrides, f"run.dir={run_dir}",
            "run.progress=false", "run.compile_cache=false"]
     start = time.perf_counter()
@@ -47,6 +49,7 @@ def main() -> None:
     p.add_argument("--base", required=True, help="the commit to compare with")
     p.add_argument("--head", default="HEAD")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--base-site", help="packages the base runs with instead of this environment's")
     p.add_argument("--out", default="bench/results/cli_ab.json")
     p.add_argument("overrides", nargs="*", help="the train command's overrides (after --)")
     opts = p.parse_args()
@@ -60,11 +63,13 @@ def main() -> None:
                                      text=True).stdout.strip() for side, t in trees.items()}
         for i in range(opts.runs):
             for side in sides:
-                runs[side].append(run(trees[side], opts.overrides, Path(tmp) / f"run-{side}-{i}"))
+                site = opts.base_site if side == "base" else None
+                runs[side].append(run(trees[side], opts.overrides, Path(tmp) / f"run-{side}-{i}", site))
                 print(f"[{i + 1}] {side} {revs[side]}: {runs[side][-1]}", flush=True)
     med = {side: {f: statistics.median(r[f] for r in rs) for f in FIGURES} for side, rs in runs.items()}
     ratio = {f: round(med["head"][f] / med["base"][f], 3) for f in FIGURES}
-    write_json(opts.out, {"meta": machine_info(), "revs": revs, "overrides": opts.overrides, "runs": runs,
+    write_json(opts.out, {"meta": machine_info(), "revs": revs, "base_site": site_packages(opts.base_site),
+                          "overrides": opts.overrides, "runs": runs,
                           "median": med, "ratio_head_to_base": ratio})
     print(f"medians: {med}\nhead/base: {ratio}")
 
