@@ -8,13 +8,18 @@ scheduling MDP) were seen to hang now and then on 2 cores.
 import os
 import shutil
 import tempfile
+from pathlib import Path
+
+import pytest
 
 from jaxrl_dist.platform import configure_cpu, use_unrolled_threefry
 
 configure_cpu()
 use_unrolled_threefry()
 
-from jaxrl_dist.trainers import rundir  # noqa: E402  (JAX starts here, after the flags above)
+import jax  # noqa: E402  (JAX starts here, after the flags above)
+
+from jaxrl_dist.trainers import rundir  # noqa: E402
 
 
 def runs_once(tmp_path_factory, prefix: str, make):
@@ -46,3 +51,13 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
         shutil.rmtree(os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _the_runs_compile_cache():
+    """A test that runs with a compile cache of its own (its own `XDG_CACHE_HOME`, to
+    count hits) leaves its worker on the run's again, so later tests share programs."""
+    before = jax.config.jax_compilation_cache_dir
+    yield
+    if jax.config.jax_compilation_cache_dir != before:
+        rundir.enable_compile_cache(Path(before))

@@ -6,7 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,20 +16,11 @@ import pytest
 from jaxrl_dist.trainers import checkpoint, fused
 from jaxrl_dist.config import ConfigError, from_dict
 from jaxrl_dist.envs import make_env
-from test_cli import CACHE_HOME
+from test_cli import cli_env, command
 
 # 1000 updates of 4 envs x 32 steps; a checkpoint every 100 (chunks of 50)
 KILL_ARGS = ["trainer=fused", "algo.num_steps=32", "algo.total_timesteps=128000", "run.checkpoint_every=100",
              "run.progress=false", "run.tensorboard=false"]
-
-
-def command() -> list:
-    script = Path(sys.executable).with_name("jaxrl-dist")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
-
-
-def cli_env() -> dict:
-    return dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
 
 
 finished_steps = checkpoint.saved_steps  # committed steps (orbax renames a step's tmp dir when done)

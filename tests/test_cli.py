@@ -29,10 +29,15 @@ def command() -> list:
     return [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
 
 
+def cli_env(**extra: str) -> dict:
+    """The environment of a CLI process a test starts: this one's, on the run's cache
+    directory (whatever a test has set `XDG_CACHE_HOME` to in-process), and `extra`."""
+    return dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME), **extra)
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
     return subprocess.run(command() + list(args), capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=cli_env())
 
 
 def test_help_prints_usage():

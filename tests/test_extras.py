@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from jaxrl_dist.config import ConfigError, needs
-from test_cli import CACHE_HOME, command
+from test_cli import cli_env, command
 
 BLOCKER = """
 import importlib.abc, os, sys
@@ -33,7 +33,7 @@ sys.meta_path.insert(0, _NotInstalled())
 def run_without(tmp_path, blocked: str, *args: str, env: dict = None) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(BLOCKER)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME), PYTHONPATH=path, BLOCKED_MODULES=blocked, **(env or {}))
+    env = cli_env(PYTHONPATH=path, BLOCKED_MODULES=blocked, **(env or {}))
     return subprocess.run(command() + list(args), capture_output=True, text=True, timeout=180, env=env,
                           cwd=tmp_path)
 
@@ -77,7 +77,7 @@ def test_http_backend_and_video_without_their_extras(tmp_path):
     assert not (tmp_path / "wandb").exists()
     run = tmp_path / "fused"
     out = subprocess.run(command() + ["train", "trainer=fused", f"run.dir={run}", *common], capture_output=True,
-                         text=True, timeout=180, env=dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME)))
+                         text=True, timeout=180, env=cli_env())
     assert out.returncode == 0, out.stderr
     line = one_line(run_without(tmp_path, "pygame", "eval", str(run), "eval.video=true", "eval.episodes=2"))
     assert "needs pygame" in line and "jaxrl-dist[video]" in line

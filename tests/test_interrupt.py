@@ -4,7 +4,6 @@ Ctrl-C stops it where it is."""
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 
 import pytest
 
-from test_cli import CACHE_HOME, command
+from test_cli import cli_env, command
 
 from jaxrl_dist.trainers.checkpoint import saved_steps
 from jaxrl_dist.trainers.interrupt import acknowledgement
@@ -21,7 +20,7 @@ from jaxrl_dist.trainers.interrupt import acknowledgement
 
 def interrupt_after_first_records(args: list, metrics, timeout: float = 120,
                                   sig: int = signal.SIGINT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    env = cli_env()
     proc = subprocess.Popen(command() + ["train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     deadline = time.time() + timeout
@@ -67,7 +66,7 @@ def interrupted(tmp_path, trainer: str, extra: list, unit: str, sig: int = signa
 @pytest.mark.slow  # the resume itself is checked for killed runs in test_checkpoint
 def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path):
     run, step = interrupted(tmp_path, "fused", ["algo.total_timesteps=307200"], "update")
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    env = cli_env()
     done = subprocess.run(command() + ["train", f"run.resume={run}", "run.progress=false"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
@@ -101,7 +100,7 @@ def test_ctrl_c_mid_chunk_is_acknowledged_at_once_and_twice_stops_there(tmp_path
     Ctrl-C is answered while the chunk runs, and the second stops the run inside it,
     before it has written a record."""
     run = tmp_path / "run"
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME))
+    env = cli_env()
     args = ["train", "trainer=fused", "algo.total_timesteps=307200", "run.log_chunks=1", f"run.dir={run}",
             "run.tensorboard=false"]
     proc = subprocess.Popen(command() + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -10,7 +10,7 @@ import pty
 import re
 import subprocess
 
-from test_cli import CACHE_HOME, command
+from test_cli import cli_env, command
 
 from jaxrl_dist.scheduling.records import Record
 from jaxrl_dist.trainers import progress
@@ -39,7 +39,7 @@ def raw_terminal_output(argv: list, env: dict, timeout: float = 300) -> tuple:
 
 def on_a_terminal(args: list, timeout: float = 300) -> tuple:
     """`(exit code, text)` of `jaxrl-dist ARGS` with a pseudo-terminal as stdout and stderr."""
-    env = dict(os.environ, XDG_CACHE_HOME=str(CACHE_HOME), TERM="xterm-256color", COLUMNS="160")
+    env = cli_env(TERM="xterm-256color", COLUMNS="160")
     code, out = raw_terminal_output(command() + args, env, timeout)
     return code, ANSI.sub("", out.decode(errors="replace"))
 
@@ -64,8 +64,7 @@ def test_a_log_gets_plain_lines_with_the_trained_total_and_a_recent_return(tmp_p
     """`jaxrl-dist train > log 2>&1` of the sync trainer: rounds of 16 steps to 1,000 train
     1,008, and half the rounds end no episode (a random CartPole episode is ~20 steps)."""
     run = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
-    env["XDG_CACHE_HOME"] = str(CACHE_HOME)
+    env = {k: v for k, v in cli_env().items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     out = subprocess.run(command() + ["train", "trainer=sync", "scheduler=fixed", "scheduler.num_shards=1",
                                       "backend.envs_per_shard=1", "algo.num_steps=16", "algo.minibatch_size=8",
                                       "algo.total_timesteps=1000", f"run.dir={run}", "run.tensorboard=false"],

@@ -3,13 +3,12 @@ hyperparameter table."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 
 import pytest
 
-from test_cli import CACHE_HOME, command
+from test_cli import cli_env, command
 from test_runner import read_events
 
 
@@ -41,7 +40,7 @@ def wandb_records(path) -> list:
 
 def test_wandb_gets_the_config_every_metric_and_the_summary(tmp_path):
     run = tmp_path / "run"
-    env = dict(os.environ, WANDB_MODE="offline", XDG_CACHE_HOME=str(CACHE_HOME))
+    env = cli_env(WANDB_MODE="offline")
     out = subprocess.run(command() + ["train", "trainer=fused", "algo.total_timesteps=10240", "algo.lr=7e-4",
                                       f"run.dir={run}", "run.progress=false", "logger.wandb=true",
                                       "logger.wandb_per_chunk=0"],  # every record
