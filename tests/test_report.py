@@ -4,9 +4,7 @@ and named; a path that is not a run directory is one line and exit code 2."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 
 from jaxrl_dist.tools import report
 from jaxrl_dist.config import from_dict
+from test_cli import cli_env, command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ALL_PLOTS = {"return_vs_steps.png", "return_vs_modeled_time.png", "return_vs_wall_time.png",
@@ -35,10 +34,8 @@ def assert_png(path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).with_name("jaxrl-dist")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, MPLBACKEND="Agg"))
+    return subprocess.run(command() + list(args), capture_output=True, text=True, timeout=120,
+                          env=cli_env(MPLBACKEND="Agg"))
 
 
 @pytest.fixture(scope="module")
