@@ -57,7 +57,9 @@ GOLDEN = {
     "sync_http": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2, EPYC_VP2I: _SHARDS_VP2I},
     "async_staleness0": {INTEL: _SHARDS, EPYC_AVX512: _SHARDS, EPYC_AVX2: _SHARDS_AVX2, EPYC_VP2I: _SHARDS_VP2I},
     "scheduling_mdp_2updates": {
-        # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on these kinds only
+        # the MDP draws budgets and deadlines per episode since 93d2df6: recorded on these kinds
+        # (the AVX-512 EPYC's from 9623172)
+        EPYC_AVX512: "615348223465baad39fb993be3e46f61a81f804f036525096894f5324b8cb2df",
         EPYC_AVX2: "6c6ee2877ae8067bbe7a15ddfec90be4042732e561fd1af0dd2cfc99010fb402",
         EPYC_VP2I: "b0d47257a7a1637597a8cced289bfefd8d5a44c7f4f47c6af145a379c262be1d"},
 }
