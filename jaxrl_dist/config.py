@@ -70,7 +70,7 @@ def resolve_auto(value, key: str, continuous: bool) -> bool:
     return value
 
 
-@dataclass
+@dataclass(slots=True)
 class EnvConfig:
     id: str = "CartPole-v1"
     suite: str = "auto"  # gymnax | envpool | brax | a plugin's name | auto (the first suite with env.id)
@@ -92,7 +92,7 @@ class EnvConfig:
             resolve_auto(getattr(self, key), f"env.{key}", False)
 
 
-@dataclass
+@dataclass(slots=True)
 class AlgoConfig:
     name: str = "ppo"
     total_timesteps: int = 500_000
@@ -166,7 +166,7 @@ class AlgoConfig:
                     f"algo.num_minibatches={self.num_minibatches} does not divide {what}={batch}")
 
 
-@dataclass
+@dataclass(slots=True)
 class RunConfig:
     dir: Optional[str] = None  # run directory; default outputs/DATE/TIME
     checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
@@ -200,7 +200,7 @@ class RunConfig:
         _optional("run", self, "max_rounds", lambda v: v > 0, "a positive integer")
 
 
-@dataclass
+@dataclass(slots=True)
 class LoggerConfig:
     """Experiment trackers beside metrics.jsonl and TensorBoard (`run.tensorboard`)."""
 
@@ -220,7 +220,7 @@ class LoggerConfig:
                 f"logger.wandb_mode: {self.wandb_mode!r} is not online, offline, disabled or null")
 
 
-@dataclass
+@dataclass(slots=True)
 class EvalConfig:
     """`jaxrl-dist eval RUN_DIR eval.KEY=VALUE`: what `evaluation.evaluate` runs."""
 
@@ -239,7 +239,7 @@ class EvalConfig:
 # --- where shards run, and how many -----------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class BackendConfig:
     """Where actor shards run (`trainer=sync` and `trainer=async`): the keys every backend
     has. A built-in's own keys are its subclass's (`backend=ray` -> `RayBackendConfig`);
@@ -264,7 +264,7 @@ class BackendConfig:
         require(self.slowdown >= 1.0, f"backend.slowdown must be >= 1 (a factor), got {self.slowdown}")
 
 
-@dataclass
+@dataclass(slots=True)
 class RayBackendConfig(BackendConfig):
     name: str = "ray"
     address: Optional[str] = None  # cluster address ("auto", "ray://h:p"); null starts one on loopback
@@ -275,12 +275,12 @@ class RayBackendConfig(BackendConfig):
     keep_actors: Optional[bool] = None
 
     def check(self) -> None:
-        super().check()
+        BackendConfig.check(self)  # slots make a new class: no zero-argument super()
         _positive("backend", self, "num_cpus", zero="fractions allowed")
         _optional("backend", self, "memory_mb", lambda v: 0 < v < math.inf, "a positive number of MB")
 
 
-@dataclass
+@dataclass(slots=True)
 class HttpBackendConfig(BackendConfig):
     name: str = "http"
     urls: List[str] = field(default_factory=list)  # function endpoints
@@ -291,7 +291,7 @@ class HttpBackendConfig(BackendConfig):
     compression: str = "deflate"  # deflate | none
 
     def check(self) -> None:
-        super().check()
+        BackendConfig.check(self)
         require(self.compression in ("deflate", "none"),
                 f"backend.compression must be deflate or none, got {self.compression!r}")
         require(bool(self.urls), "backend.urls: the http backend needs at least one endpoint")
@@ -314,7 +314,7 @@ def check_url(url, key: str) -> None:
     require(why is None, f"{key}: {url!r} is not an http(s) URL like http://HOST:PORT ({why})")
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerConfig:
     """How many shards each round runs (`jaxrl_dist/scheduling/schedulers.py`): the keys
     every scheduler has; `fixed` and `max` take no others."""
@@ -339,28 +339,28 @@ class SchedulerConfig:
                 f"scheduler.min_return={self.min_return} must be below scheduler.max_return={self.max_return}")
 
 
-@dataclass
+@dataclass(slots=True)
 class AdaptSchedulerConfig(SchedulerConfig):
     name: str = "adapt"
     window: int = 5  # rounds (with a return) averaged
 
     def check(self) -> None:
-        super().check()
+        SchedulerConfig.check(self)
         _positive("scheduler", self, "window")
 
 
-@dataclass
+@dataclass(slots=True)
 class RampSchedulerConfig(SchedulerConfig):
     name: str = "ramp"
     step: int = 1  # shards added ...
     every: int = 2  # ... every this many rounds
 
     def check(self) -> None:
-        super().check()
+        SchedulerConfig.check(self)
         _positive("scheduler", self, "step", "every")
 
 
-@dataclass
+@dataclass(slots=True)
 class LearnedSchedulerConfig(SchedulerConfig):
     name: str = "learned"
     path: Optional[str] = None  # a trained scheduler file; null: the shipped default
@@ -396,7 +396,7 @@ def as_schema(group: str, part):
 # --- pricing, trainers ---------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class CostConfig:
     """Prices and latencies of one platform (`jaxrl_dist.scheduling.cost`); the defaults are the
     `azure_aci` preset, whose sources are in `jaxrl_dist/configs/cost/azure_aci.yaml`."""
@@ -429,7 +429,7 @@ class CostConfig:
                 f"cost.cluster_nodes: a cluster needs at least one node, got {self.cluster_nodes}")
 
 
-@dataclass
+@dataclass(slots=True)
 class AsyncConfig:
     """The async trainer (`trainer=async`, `jaxrl_dist/trainers/asynchronous.py`); key `asynchronous`."""
 
@@ -458,7 +458,7 @@ class AsyncConfig:
 TRAINERS = ("fused", "sync", "async")
 
 
-@dataclass
+@dataclass(slots=True)
 class DistributedConfig:
     """One training run over several processes on JAX's own distributed runtime
     (`trainer.distributed.*`; `jaxrl-dist launch` sets them for each process it starts)."""
@@ -479,7 +479,7 @@ class DistributedConfig:
                 f"trainer.distributed.coordinator must be HOST:PORT, got {self.coordinator!r}")
 
 
-@dataclass
+@dataclass(slots=True)
 class TrainerConfig:
     """Which trainer runs (`trainer=fused|sync|async`); its own keys live beside `name`."""
 
@@ -586,7 +586,7 @@ def key_kind(key: str) -> str:
             else "shaping")
 
 
-@dataclass
+@dataclass(slots=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -950,7 +950,7 @@ DEFAULT_ALLOWED_ENVS = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCar
 _PATH_WORDS = ("path", "file", "dir", "root", "url")  # env kwargs that name a place
 
 
-@dataclass
+@dataclass(slots=True)
 class ServeConfig:
     """The actor function (`jaxrl-dist serve serve.KEY=VALUE`); apart from the training config."""
 

@@ -119,6 +119,23 @@ def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     assert not run_dir.exists()  # failed before making the run (nothing compiled)
 
 
+def test_a_misspelt_key_set_in_code_is_an_error_not_a_new_attribute():
+    """A library caller's typo (`cfg.algo.lrr = ...`) raises instead of training on the
+    default: every config dataclass has slots, the serve config's too."""
+    import dataclasses
+
+    from jaxrl_dist import config
+
+    with pytest.raises(AttributeError, match="lrr"):
+        from_dict({}).algo.lrr = 1e-3
+    parts = [cls for cls in vars(config).values() if isinstance(cls, type) and dataclasses.is_dataclass(cls)
+             and cls.__module__ == config.__name__]
+    assert len(parts) >= 18
+    for cls in parts:
+        with pytest.raises(AttributeError):
+            cls().not_a_key = 1
+
+
 def test_an_info_flag_with_a_bad_key_is_one_line():
     """`--cfg job` composes as a run does: a misspelt key is the same one line, exit 2."""
     out = run_cli("train", "--cfg", "job", "algo.lrr=1", timeout=120)

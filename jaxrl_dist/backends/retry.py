@@ -88,13 +88,16 @@ def _state(tries: int) -> RetryCallState:
     return state
 
 
+_DEFAULTS = BackendConfig()  # the config's defaults (its class holds no values: it has slots)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """`max_retries` extra tries of a failed shard, and the waits between them."""
 
-    max_retries: int = BackendConfig.max_retries
-    backoff_s: float = BackendConfig.retry_backoff_s  # the ceiling of the first wait; it doubles each try ...
-    backoff_max_s: float = BackendConfig.retry_backoff_max_s  # ... up to this
+    max_retries: int = _DEFAULTS.max_retries
+    backoff_s: float = _DEFAULTS.retry_backoff_s  # the ceiling of the first wait; it doubles each try ...
+    backoff_max_s: float = _DEFAULTS.retry_backoff_max_s  # ... up to this
     retry_after_max_s: float = RETRY_AFTER_MAX_S
 
     @classmethod
