@@ -9,14 +9,18 @@ once JAX may load: it reaches into JAX's private `jax._src`, so no module of
 this package does it as a side effect of being imported.
 
 Logging: `TerminalHandler` and `logs_through_logging` keep libraries' lines off a
-progress bar (see their docstrings).
+progress bar (see their docstrings). `defer_import` and `imports_deferred` keep a
+library's optional imports that training never uses off every process's start.
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import os
 import platform
 import sys
+import types
 from pathlib import Path
 
 # Measured on a 2-core host (bench/RESULTS.md):
@@ -123,3 +127,38 @@ def process_age_s() -> float:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
+
+
+class Deferred(types.ModuleType):
+    """Stands in for a module until one of its attributes is used.
+
+    (`importlib.util.LazyLoader` does not help here: the next `import` of the
+    name reads `__spec__`, which loads the module.)
+    """
+
+    def __getattr__(self, attr):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def defer_import(name: str) -> None:
+    """From now on `import name` gives a stand-in that loads the module at its first use."""
+    if name not in sys.modules:
+        sys.modules[name] = Deferred(name)
+
+
+@contextlib.contextmanager
+def imports_deferred(*names: str):
+    """Within the block, `import NAME` gives a stand-in that loads NAME at its first use;
+    after it NAME imports as usual, its submodules too (`import NAME.sub` needs the real
+    package, which a stand-in left in `sys.modules` would hide)."""
+    added = [name for name in names if name not in sys.modules]
+    for name in added:
+        sys.modules[name] = Deferred(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            if isinstance(sys.modules.get(name), Deferred):
+                del sys.modules[name]

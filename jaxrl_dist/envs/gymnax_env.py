@@ -1,9 +1,7 @@
 """gymnax environments: pure JAX, vmapped over the flat env batch, auto-reset."""
 from __future__ import annotations
 
-import importlib
 import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +10,7 @@ import numpy as np
 from jaxrl_dist.config import needs
 from jaxrl_dist.core.types import EnvSpec, StepOut
 from jaxrl_dist.envs.base import EnvMakeError, Suite, image_frame
+from jaxrl_dist.platform import defer_import
 
 
 # gymnax imports its rendering libraries (seaborn pulls in scipy) at module
@@ -20,29 +19,11 @@ from jaxrl_dist.envs.base import EnvMakeError, Suite, image_frame
 _RENDER_MODULES = ("seaborn", "matplotlib.pyplot")
 
 
-class _Deferred(types.ModuleType):
-    """Stands in for a module until one of its attributes is used.
-
-    (`importlib.util.LazyLoader` does not help here: the next `import` of the
-    name reads `__spec__`, which loads the module.)
-    """
-
-    def __getattr__(self, attr):
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
-
-
-def _defer_import(name: str) -> None:
-    if name not in sys.modules:
-        sys.modules[name] = _Deferred(name)
-
-
 def import_gymnax():
     """`import gymnax`, with its rendering dependencies loaded lazily."""
     if "gymnax" not in sys.modules:
         for name in _RENDER_MODULES:
-            _defer_import(name)
+            defer_import(name)
     import gymnax
 
     return gymnax
