@@ -53,7 +53,7 @@ from typing import NamedTuple
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # the fault proxy lives with the test tools
 from async_vs_sync import RESULTS, WARMUP_UPDATES, stats, throughput  # noqa: E402
-from common import fmt, machine_info, markdown_table, print_table, read_jsonl, write_json  # noqa: E402
+from common import cli_command, fmt, machine_info, markdown_table, print_table, read_jsonl, write_json  # noqa: E402
 
 COMMON = ["env=cartpole", "backend=http", "cost=aws_lambda", "run.progress=false", "run.tensorboard=false",
           "run.target_return=475", "run.stop_at_target=true", "algo.total_timesteps=300000",
@@ -149,8 +149,7 @@ def merge_delays(logs: list) -> dict:
 def cli(overrides: list, run_dir: Path, token: str) -> tuple:
     """The real CLI as its own process; `(start time, return code)`. Its output goes
     to `run_dir/cli.log`."""
-    exe = Path(sys.executable).with_name("jaxrl-dist")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "jaxrl_dist"]
+    cmd = cli_command()
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "cli.log", "wb") as out:
         t0 = time.time()

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fmt, machine_info, markdown_table, measure, print_table, read_jsonl, write_json  # noqa: E402
+from common import cli_command, fmt, machine_info, markdown_table, measure, print_table, read_jsonl, write_json  # noqa: E402
 
 
 from jaxrl_dist.trainers import fused  # noqa: E402
@@ -144,10 +144,9 @@ def bench_fused(env_id: str, n: int, opts) -> dict:
 def learning_runs(opts, urls) -> list:
     """CartPole-v1 to 475 on every backend; the Ray run timed as a whole process."""
     rows = []
-    script = Path(sys.executable).with_name("jaxrl-dist")
     for backend in opts.backends:
         with tempfile.TemporaryDirectory() as tmp:
-            args = [str(script), "train", f"backend={backend}", "scheduler.num_shards=4",
+            args = [*cli_command(), "train", f"backend={backend}", "scheduler.num_shards=4",
                     "backend.envs_per_shard=4", f"algo.total_timesteps={LEARN_STEPS}",
                     f"run.dir={tmp}", "run.progress=false", f"seed={opts.seed}"]
             if backend == "http":

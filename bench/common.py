@@ -12,6 +12,7 @@ import resource
 import statistics
 import struct
 import subprocess
+import sys
 import termios
 import time
 from pathlib import Path
@@ -29,6 +30,13 @@ from jaxrl_dist.tools.files import markdown_table, read_jsonl, write_json  # noq
 from jaxrl_dist.trainers.rundir import machine_info  # noqa: E402,F401
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_command() -> list:
+    """The installed `jaxrl-dist` script beside this Python, which users run (`python -m
+    jaxrl_dist` where the environment has none)."""
+    script = Path(sys.executable).with_name("jaxrl-dist")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jaxrl_dist"]
 
 
 class _CpuSample:

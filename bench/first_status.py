@@ -68,13 +68,12 @@ def main() -> None:
         return errors(opts)
     if opts.ctrl_c:
         return ctrl_c(opts)
-    from common import machine_info, write_json
+    from common import cli_command, machine_info, write_json
 
-    script = Path(sys.executable).with_name("jaxrl-dist")
     times = []
     with tempfile.TemporaryDirectory(prefix="first_status-") as tmp:
         for i in range(opts.launches + 1):
-            cmd = [str(script), "train", "trainer=fused", "algo.total_timesteps=10240", f"run.dir={tmp}/{i}"]
+            cmd = [*cli_command(), "train", "trainer=fused", "algo.total_timesteps=10240", f"run.dir={tmp}/{i}"]
             seconds, shown = first_text(cmd)
             print(f"[{'warm-up' if i == 0 else i}] {seconds:.2f} s: {shown!r}", flush=True)
             times += [seconds] if i else []
@@ -88,13 +87,12 @@ ERRORS = {"key": "algo.lrr=1e-3", "type": "algo.lr=fast", "range": "env.num_envs
 
 def errors(opts) -> None:
     """Launch to the one-line error of each kind of bad config; medians."""
-    from common import machine_info, write_json
+    from common import cli_command, machine_info, write_json
 
-    script = Path(sys.executable).with_name("jaxrl-dist")
     out = {}
     with tempfile.TemporaryDirectory(prefix="first_error-") as tmp:
         for kind, override in ERRORS.items():
-            cmd = [str(script), "train", override, f"run.dir={tmp}/{kind}"]
+            cmd = [*cli_command(), "train", override, f"run.dir={tmp}/{kind}"]
             first_text(cmd, b"error:")  # warm-up
             times = []
             for _ in range(opts.launches):
@@ -133,13 +131,12 @@ def acknowledged(cmd: list) -> float:
 
 
 def ctrl_c(opts) -> None:
-    from common import machine_info, write_json
+    from common import cli_command, machine_info, write_json
 
-    script = Path(sys.executable).with_name("jaxrl-dist")
     times = []
     with tempfile.TemporaryDirectory(prefix="ctrl_c-") as tmp:
         for i in range(opts.launches):
-            cmd = [str(script), "train", "trainer=fused", f"env={opts.env}", "algo.total_timesteps=2000000",
+            cmd = [*cli_command(), "train", "trainer=fused", f"env={opts.env}", "algo.total_timesteps=2000000",
                    "run.log_chunks=1", f"run.dir={tmp}/{i}"]
             times.append(acknowledged(cmd))
             print(f"[{i + 1}] Ctrl-C acknowledged after {times[-1]:.3f} s", flush=True)

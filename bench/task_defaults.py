@@ -35,8 +35,9 @@ CASES = (
 
 
 def cli(*args: str, timeout: float = 3600) -> str:
-    script = Path(sys.executable).with_name("jaxrl-dist")
-    out = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=timeout)
+    from common import cli_command
+
+    out = subprocess.run([*cli_command(), *args], capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise RuntimeError(f"jaxrl-dist {' '.join(args)}: {out.stderr[-2000:]}")
     return out.stdout
