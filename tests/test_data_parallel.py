@@ -236,10 +236,12 @@ def _stopped_while_training(run: Path, who: str, sig: int) -> tuple:
         deadline = time.monotonic() + 180
         while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.2)
-        assert len(workers) == 2 and (run / "metrics.jsonl").is_file(), "the run did not start training"
-        os.kill(launcher.pid if who == "launcher" else workers[1], sig)
+        started = len(workers) == 2 and (run / "metrics.jsonl").is_file()
+        if started:
+            os.kill(launcher.pid if who == "launcher" else workers[1], sig)
     finally:
         err = _ended(launcher, 120)
+    assert started, f"the run did not start training (launcher exit {launcher.returncode}): {err[-3000:]}"
     return launcher.returncode, err, workers
 
 
