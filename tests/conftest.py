@@ -40,15 +40,12 @@ def pytest_configure(config):
     start (they, and the CLI processes tests start, inherit it): `XDG_CACHE_HOME`, so no
     test writes the user's own cache, and in it the persistent XLA compile cache that
     `run.compile_cache` uses (`rundir.enable_compile_cache`), on for every process of the
-    run, the cache off or not, for programs of any compile time. Many tests compile the
-    same small programs."""
+    run, the cache off or not. Many tests compile the same small programs."""
     if not hasattr(config, "workerinput"):
         os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="jaxrl-dist-suite-")
-    # every program, the small eager ops' too (a run keeps those out of a user's cache):
-    # the workers and the CLI processes compile many of the same ones
-    os.environ.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     path = rundir.enable_compile_cache()  # this process's (JAX is started above)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=str(path), JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(rundir.CACHE_MIN_COMPILE_SECS))
 
 
 def pytest_unconfigure(config):

@@ -55,8 +55,7 @@ def enable_compile_cache(path: Optional[Path] = None) -> Path:
         jax.config.update("jax_compilation_cache_dir", str(path))
         # the cache binds its directory on first use; rebind if it was used before
         compilation_cache.reset_cache()
-    floor = os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")  # the environment's own wins
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(floor) if floor else CACHE_MIN_COMPILE_SECS)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_SECS)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no size floor
     return path
 
