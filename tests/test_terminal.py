@@ -56,6 +56,15 @@ def test_a_status_line_then_the_bar_with_the_real_total(tmp_path):
     assert steps == total == "9728" and ret != "-"
 
 
+def test_a_config_error_on_a_terminal_is_the_last_text(tmp_path):
+    """A value out of range, found by the check Hydra calls back: the status line is
+    taken down before the error, so nothing is drawn below it."""
+    code, text = on_a_terminal(["train", "env.num_envs=0", f"run.dir={tmp_path / 'run'}"], timeout=120)
+    assert code == 2, text
+    assert text.rstrip().endswith("error: env.num_envs must be positive, got 0"), repr(text)
+    assert "checking the config" not in text.split("error:")[-1]
+
+
 # a plain progress line: steps, total, share, return, rate
 PLAIN = re.compile(r"^steps (\d+)/(\d+) \((\d+)%\)  return (\S+)  (\S+) steps/s  elapsed \d+:\d\d:\d\d$", re.M)
 

@@ -159,6 +159,7 @@ def _exit_on_error(check):
         try:
             check(self, config)
         except ConfigError as err:
+            status.stop()  # the "checking the config" line: down first, so it is not drawn below the error
             print(f"error: {one_line(err)}", file=sys.stderr, flush=True)
             raise SystemExit(EXIT_CONFIG_ERROR) from None
 
