@@ -155,7 +155,7 @@ def imports_deferred(*names: str):
     package, which a stand-in left in `sys.modules` would hide)."""
     added = [name for name in names if name not in sys.modules]
     for name in added:
-        sys.modules[name] = Deferred(name)
+        defer_import(name)
     try:
         yield
     finally:
