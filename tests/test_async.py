@@ -352,6 +352,7 @@ def test_a_killed_ray_actor_is_replaced_without_losing_or_doubling_a_chunk(tmp_p
     assert_every_chunk_once(records(tmp_path / "ray"))
 
 
+@pytest.mark.slow  # ~11 s: a dead endpoint retried elsewhere is test_http.py's; async retries are test_chaos.py's
 def test_a_dead_http_instance_is_replaced_by_the_other(tmp_path, monkeypatch):
     """Two real function instances; the one slot 1 uses dies before its third
     chunk: the chunk goes to the other instance and the run ends with the local

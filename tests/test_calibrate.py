@@ -104,6 +104,7 @@ def test_bad_profile_files_name_the_field(tmp_path, body, named):
         prof.load_profile(bad)
 
 
+@pytest.mark.slow  # ~13 s: a serve process and its compile; the profile's fields are the local test's
 def test_http_calibration_spawns_a_loopback_function(tmp_path, capsys):
     out, printed = run_calibrate(tmp_path, capsys, "backend=http", "--shards", "2")
     profile = prof.load_profile(out)

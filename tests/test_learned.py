@@ -80,6 +80,7 @@ def test_a_scheduler_over_several_tasks_scales_each_on_its_own_range(trained, ca
         scheduler_training.check_tasks([make_env(), mdp.SchedulingEnv(task(), CostConfig(), wide, 2)], None)
 
 
+@pytest.mark.slow  # ~18 s: a program of its own; the MDP's output is test_golden.py's digest
 def test_a_round_rolls_out_only_its_bucket_and_matches_the_padded_round():
     """n = 3 of M = 5 runs the 4-slot rollout: shards 0-2 and the slots they write are
     the padded 5-slot round's, bit for bit; shard 4, outside the bucket, is zeros (the
@@ -364,6 +365,7 @@ def test_limits_end_episodes_and_their_features_move():
     assert np.isinf(np.asarray(state.budget)).all() and np.isinf(np.asarray(state.deadline)).all()
 
 
+@pytest.mark.slow  # ~15 s: a second limited program; the limits' test above covers the features' moves
 def test_absolute_limits_tell_a_tight_budget_from_a_loose_one_from_the_first_round(tmp_path, capsys):
     """`budget_left` starts at 1.0 under any budget; `budget_rounds` starts at the budget's
     share of `max_rounds` rounds at M shards (here 0.3 and 0.9), the same in the MDP and

@@ -79,6 +79,7 @@ def test_a_rounds_phases_add_up_to_its_wall_and_the_start_up_is_apart(tmp_path):
     assert Record.from_json(recs[3]).phases == phases_of(recs[3])
 
 
+@pytest.mark.slow  # ~14 s: the phase accounting is the round test's above; this is async's loop
 def test_an_async_updates_phases_add_up_to_its_learner_loop(tmp_path):
     summary = train(config(tmp_path, "async", rounds=8))
     recs = records(tmp_path)

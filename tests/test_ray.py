@@ -148,6 +148,7 @@ class TestOnARuntime:
         yield
         ray.shutdown()
 
+    @pytest.mark.slow  # ~24 s: a shard retried on Ray is the timeout test's below; killed actors are test_chaos.py's too
     def test_a_killed_actor_is_replaced_and_its_shard_retried(self):
         cfg = config({"name": "ray"})
         job, params, new_table = _parts(cfg)

@@ -8,6 +8,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from jaxrl_dist.config import TRACED, from_dict, key_kind
 from jaxrl_dist.evaluation import latest_state
@@ -205,6 +206,7 @@ def test_the_launcher_composes_each_job_as_hydra_does():
             assert OmegaConf.to_container(fast) == OmegaConf.to_container(full), overrides
 
 
+@pytest.mark.slow  # ~27 s: a member's resume alone is test_each_member_trains_as_its_job_alone_and_resumes_alone's; this adds a GRU's carry
 def test_a_recurrent_member_checkpoints_its_own_hidden_state(tmp_path):
     """A GRU group's member writes the hidden state of its own envs only: its checkpoint
     evaluates and resumes alone, and matches its job run alone."""
