@@ -105,9 +105,13 @@ def test_four_data_devices_and_a_seeds_x_data_mesh_follow_one_device():
     assert out["indivisible"].startswith("env.num_envs=6 is not divisible by the data axis: 4 device(s)")
 
 
-def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path):
+def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path, caplog):
     """`summary.json` has `mesh` and `processes` whichever trainer ran (here sync, both
-    devices); a run over several processes is refused unless it spans every device."""
+    devices), and its round and update are each lowered once: the first round starts from
+    the state's placement on the mesh, as every later one does. A run over several
+    processes is refused unless it spans every device."""
+    import logging
+
     import jax
 
     from jaxrl_dist.config import ConfigError, from_dict
@@ -118,8 +122,11 @@ def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path):
     cfg = from_dict({"trainer": {"name": "sync", "devices": 2}, "algo": {"total_timesteps": 2 * 2 * 8 * 32,
                      "num_steps": 32}, "backend": {"envs_per_shard": 8}, "run": {"progress": False},
                      "scheduler": {"name": "fixed", "num_shards": 2}})
-    summary = json.loads(Path(train(cfg, tmp_path / "run").run_dir, "summary.json").read_text())
+    with caplog.at_level(logging.DEBUG, logger="jax._src.interpreters.pxla"):  # every thread's lowerings
+        summary = json.loads(Path(train(cfg, tmp_path / "run").run_dir, "summary.json").read_text())
     assert summary["mesh"] == {"seeds": 1, "data": 2} and summary["processes"] == 1
+    lowered = [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
+    assert (lowered.count("jit(round_fn)"), lowered.count("jit(learn)")) == (1, 1), lowered
     # read on one device, as `eval` and `load_policy` read any run (a plain process has one)
     read = subprocess.run([sys.executable, "-c", "from jaxrl_dist.evaluation import latest_state; "
                            f"print(latest_state({str(tmp_path / 'run')!r})[0])"], capture_output=True, text=True,

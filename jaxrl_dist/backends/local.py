@@ -82,7 +82,7 @@ class LocalBackend:
         slots' states and drop the answers (an envpool slot's shard would step its envs:
         those compile in their first round)."""
         if table is not None:  # this class's round, not a subclass's: warming is not a round to count
-            LocalBackend.run_round(self, 0, params, tasks, SlotTable(jax.tree.map(np.array, table.data)))
+            LocalBackend.run_round(self, 0, params, tasks, SlotTable(jax.tree.map(jnp.array, table.data)))
 
     def run_round(self, round_: int, params, tasks, table) -> RoundResult:
         t0 = time.time()

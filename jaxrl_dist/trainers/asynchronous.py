@@ -320,7 +320,7 @@ class AsyncTrainer(ShardTrainer):
         return jax.jit(learn_chunks)
 
     def _learn(self, train, chunks: list, version: int):
-        outputs = [(c.output.traj, c.output.bootstrap) for c in chunks]
+        outputs = self.placed([(c.output.traj, c.output.bootstrap) for c in chunks])
         lag = np.array([version - c.version for c in chunks], np.int32)
         self._warm.join()
         args = (train, outputs, np.int32(self.cfg.seed), np.int32(version))
@@ -336,7 +336,7 @@ class AsyncTrainer(ShardTrainer):
         exactly 1 and its own values there, so it is GAE, and one program compiles
         at start-up instead of two."""
         K = self.cfg.asynchronous.batch_chunks
-        args = (train, [zero_outputs(self.program)] * K, np.int32(0), np.int32(0))
+        args = (train, self.placed([zero_outputs(self.program)] * K), np.int32(0), np.int32(0))
         if self.cfg.asynchronous.max_staleness:
             args += (np.zeros((K,), np.int32),)
         return self.warm(self._learn_chunks, *args)

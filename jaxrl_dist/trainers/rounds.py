@@ -97,6 +97,13 @@ def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardPart
     return ShardParts(program.spec, program, learner, make_backend(cfg.backend), ckpt)
 
 
+def learner_placement(cfg: Config):
+    """Where the round learner's update leaves its state: replicated over its data mesh
+    (`trainer.devices`), None on one device."""
+    mesh = meshes.data_mesh(cfg.trainer, cfg.backend.envs_per_shard, "backend.envs_per_shard")
+    return None if mesh is None else meshes.replicated(mesh)
+
+
 def fresh_state(cfg: Config, program: ShardProgram, learner, counts: bool) -> ShardState:
     """A run's first state: initial params, every slot's fresh envs (as host arrays),
     nothing done; with `counts`, a zero chunk count per slot (async)."""
@@ -177,6 +184,7 @@ class ShardTrainer(abc.ABC):
         self.cfg, self.run_dir = cfg, run_dir
         self.expected = self.expected_shards()
         self.spec, self.program, self.learner, self.backend, self.ckpt = shard_parts(cfg, run_dir, self.expected)
+        self.placement = learner_placement(cfg)
         self.state = self.start(resuming)
         self.stop_reason: Optional[str] = None
         self.clocks: Optional[Clocks] = None
@@ -211,7 +219,14 @@ class ShardTrainer(abc.ABC):
     def start(self, resuming: bool) -> ShardState:
         """A fresh state, or the newest intact checkpoint of a resumed run."""
         state = fresh_state(self.cfg, self.program, self.learner, self.keeps_counts)
-        return self.ckpt.restore_latest(state) if resuming else state
+        state = self.ckpt.restore_latest(state) if resuming else state
+        return state._replace(train=self.placed(state.train), table=self.placed(state.table))
+
+    def placed(self, tree):
+        """`tree` where the update leaves the learner's state (`learner_placement`). The
+        first round and the warm-up compiles see what every later round sees: fed arrays
+        placed anywhere else, the round and the update would compile again in rounds 2-3."""
+        return tree if self.placement is None else jax.device_put(tree, self.placement)
 
     def warm(self, fn, *args) -> threading.Thread:
         """Run `fn(*args)` (a compile of the learner's update on zeros) in a thread, so

@@ -102,7 +102,8 @@ class RoundTrainer(ShardTrainer):
         traj, boot = zero_outputs(self.program)
         traj = jax.tree.map(lambda x: np.stack([x] * k, axis=1), traj)
         copy = jax.tree.map(jnp.copy, train)  # the update donates its state
-        return self.warm(self.learner.update, copy, traj, np.stack([boot] * k), 0, rng.key(0))
+        copy, traj, boot = self.placed((copy, traj, np.stack([boot] * k)))
+        return self.warm(self.learner.update, copy, traj, boot, 0, rng.key(0))
 
     def _stop_reason(self, r: int, env_steps: int, records: list) -> Optional[str]:
         """Why the run stops before round `r` (0-based), or None to go on."""
@@ -210,7 +211,7 @@ class RoundTrainer(ShardTrainer):
         t = time.perf_counter()
         slow = straggle(result.shards, cfg.backend, seen, r)
         laps.split(backend_phases(result, time.perf_counter() - t), rest="wait")
-        train, metrics = learner.update(train, result.traj, result.bootstrap, n, learn_key)
+        train, metrics = learner.update(train, *self.placed((result.traj, result.bootstrap)), n, learn_key)
         prepare(self.backend, list(range(n)), table)  # the next round's requests, beside the update
         metrics = jax.device_get(metrics)
         laps.lap("learn")
