@@ -105,13 +105,21 @@ def test_four_data_devices_and_a_seeds_x_data_mesh_follow_one_device():
     assert out["indivisible"].startswith("env.num_envs=6 is not divisible by the data axis: 4 device(s)")
 
 
+def lowerings(caplog, run) -> tuple:
+    """`(summary, the names of the programs lowered)` of `run()`, a training run: JAX logs
+    each lowering (a compile or a compile-cache load) at DEBUG, from whichever thread."""
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="jax._src.interpreters.pxla"):
+        summary = json.loads(Path(run().run_dir, "summary.json").read_text())
+    return summary, [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
+
+
 def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path, caplog):
     """`summary.json` has `mesh` and `processes` whichever trainer ran (here sync, both
     devices), and its round and update are each lowered once: the first round starts from
     the state's placement on the mesh, as every later one does. A run over several
     processes is refused unless it spans every device."""
-    import logging
-
     import jax
 
     from jaxrl_dist.config import ConfigError, from_dict
@@ -122,10 +130,8 @@ def test_a_round_run_records_its_learner_mesh_and_processes(tmp_path, caplog):
     cfg = from_dict({"trainer": {"name": "sync", "devices": 2}, "algo": {"total_timesteps": 2 * 2 * 8 * 32,
                      "num_steps": 32}, "backend": {"envs_per_shard": 8}, "run": {"progress": False},
                      "scheduler": {"name": "fixed", "num_shards": 2}})
-    with caplog.at_level(logging.DEBUG, logger="jax._src.interpreters.pxla"):  # every thread's lowerings
-        summary = json.loads(Path(train(cfg, tmp_path / "run").run_dir, "summary.json").read_text())
+    summary, lowered = lowerings(caplog, lambda: train(cfg, tmp_path / "run"))
     assert summary["mesh"] == {"seeds": 1, "data": 2} and summary["processes"] == 1
-    lowered = [r.getMessage().split()[1] for r in caplog.records if r.getMessage().startswith("Compiling jit(")]
     assert (lowered.count("jit(round_fn)"), lowered.count("jit(learn)")) == (1, 1), lowered
     # read on one device, as `eval` and `load_policy` read any run (a plain process has one)
     read = subprocess.run([sys.executable, "-c", "from jaxrl_dist.evaluation import latest_state; "
@@ -336,3 +342,19 @@ print(json.dumps(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert np.abs(np.array(out["1"]) - np.array(out["2"])).max() <= TOLERANCE
+
+
+@pytest.mark.slow  # the round test above counts the sync trainer's lowerings; this, async's (~12 s)
+def test_an_async_run_on_two_devices_lowers_its_programs_once(tmp_path, caplog):
+    import jax
+
+    from jaxrl_dist.config import from_dict
+    from jaxrl_dist.trainers.runner import train
+
+    if jax.device_count() < 2:
+        pytest.skip("one device")
+    cfg = from_dict({"trainer": {"name": "async", "devices": 2}, "algo": {"total_timesteps": 4 * 8 * 32 * 4,
+                     "num_steps": 32}, "backend": {"envs_per_shard": 8}, "run": {"progress": False}})
+    summary, lowered = lowerings(caplog, lambda: train(cfg, tmp_path / "run"))
+    assert summary["mesh"] == {"seeds": 1, "data": 2}
+    assert (lowered.count("jit(_run_one)"), lowered.count("jit(learn_chunks)")) == (1, 1), lowered
