@@ -98,10 +98,10 @@ def shard_parts(cfg: Config, run_dir: Path, expected_shards: float) -> ShardPart
 
 
 def learner_placement(cfg: Config):
-    """Where the round learner's update leaves its state: replicated over its data mesh
-    (`trainer.devices`), None on one device."""
-    mesh = meshes.data_mesh(cfg.trainer, cfg.backend.envs_per_shard, "backend.envs_per_shard")
-    return None if mesh is None else meshes.replicated(mesh)
+    """Where the round learner's update leaves its state: replicated over the mesh its
+    samples are split over (`update_sharding`), None on one device."""
+    samples = update_sharding(cfg.trainer, cfg.backend.envs_per_shard)
+    return None if samples is None else meshes.replicated(samples.mesh)
 
 
 def fresh_state(cfg: Config, program: ShardProgram, learner, counts: bool) -> ShardState:

@@ -101,8 +101,8 @@ class RoundTrainer(ShardTrainer):
         k = bucket(max(1, round(self.expected)), self.cfg.backend.max_shards)
         traj, boot = zero_outputs(self.program)
         traj = jax.tree.map(lambda x: np.stack([x] * k, axis=1), traj)
-        copy = jax.tree.map(jnp.copy, train)  # the update donates its state
-        copy, traj, boot = self.placed((copy, traj, np.stack([boot] * k)))
+        copy = jax.tree.map(jnp.copy, train)  # the update donates its state (a copy keeps its placement)
+        traj, boot = self.placed((traj, np.stack([boot] * k)))
         return self.warm(self.learner.update, copy, traj, boot, 0, rng.key(0))
 
     def _stop_reason(self, r: int, env_steps: int, records: list) -> Optional[str]:
