@@ -101,6 +101,21 @@ def test_a_sweep_with_the_vmap_launcher(tmp_path):
     assert "params sha256" in out.stdout  # the table of the jobs
 
 
+def test_the_table_shows_the_objective_only_where_it_is_not_the_final_return(capsys, monkeypatch):
+    from jaxrl_dist.cli.vmap import _table
+
+    monkeypatch.setenv("COLUMNS", "80")  # a log's width: an Optuna trial's value fits unfolded
+
+    overrides = [["algo.lr=0.00202430635528", "seed=0"], ["algo.lr=0.0001", "seed=0"]]
+    rows = [("0", overrides[0], "group 1/1", "500", "fe5be3f2539a", "500"),
+            ("1", overrides[1], "group 1/1", "-", "31157921b6b8", "nan")]
+    _table(rows[:1] + [rows[1][:5] + ("-",)], overrides)  # the objective is the final return
+    out = capsys.readouterr().out
+    assert "objective" not in out and "algo.lr=0.00202430635528" in out.replace("\n", "")
+    _table(rows, overrides)  # a job without a final return: its objective is NaN
+    assert "objective" in capsys.readouterr().out
+
+
 def test_a_swept_shaping_key_is_said_in_one_line(tmp_path, capsys):
     from jaxrl_dist.cli.vmap import _describe
 

@@ -241,15 +241,18 @@ def _row(job, ret: JobReturn, how: str, summary=None) -> tuple:
 
 def _table(rows: list, overrides: list) -> None:
     """The sweep's jobs: the overrides that differ between them, how each ran, final
-    return, params digest, objective."""
+    return, params digest, and the objective where it is not the final return (the
+    default `run.objective`), so the overrides keep the width."""
     from rich.console import Console
     from rich.table import Table
 
     common = set.intersection(*(set(o) for o in overrides)) if overrides else set()
     rows = [(r[0], " ".join(o for o in filter_overrides(r[1]) if o not in common) or "-", *r[2:]) for r in rows]
-
+    names = ["job", "overrides", "ran", "final return", "params sha256", "objective"]
+    if all(r[5] == r[3] for r in rows):
+        names, rows = names[:5], [r[:5] for r in rows]
     table = Table(title="sweep", title_justify="left")
-    for name in ("job", "overrides", "ran", "final return", "params sha256", "objective"):
+    for name in names:
         table.add_column(name, overflow="fold")
     for row in rows:
         table.add_row(*row)
