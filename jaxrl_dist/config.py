@@ -657,7 +657,8 @@ class Config:
         b.check()
         require(not (s.name == "fixed" and s.num_shards > b.max_shards and self.trainer.name == "sync"),
                 f"scheduler.num_shards={s.num_shards} exceeds backend.max_shards={b.max_shards}")
-        require(self.num_seeds == 1, f"num_seeds: the round trainer trains one seed, got {self.num_seeds}")
+        require(self.num_seeds == 1, f"num_seeds={self.num_seeds}: trainer={self.trainer.name} trains one seed; "
+                "trainer=fused trains several seeds in one program")
         self.algo.check_split(b.envs_per_shard * self.algo.num_steps,
                               "one shard's batch backend.envs_per_shard*algo.num_steps")
         if self.trainer.name == "async":

@@ -52,6 +52,20 @@ def test_help_prints_usage():
         "error: unknown command 'trian' (did you mean 'train'?); commands: " + ", ".join(COMMANDS)]
 
 
+def test_the_help_examples_are_valid_configs():
+    """Each `jaxrl-dist train` example and override line of both help texts composes to
+    a checked config (the default trainer, sync, refuses num_seeds > 1)."""
+    from jaxrl_dist.cli import _EPILOG
+
+    footer = (Path(cli.CONFIG_DIR) / "hydra" / "help" / "jaxrl_dist.yaml").read_text()
+    lines = [line.strip() for line in (_EPILOG + footer).splitlines()]
+    examples = [line.split()[2:] for line in lines if re.match(r"jaxrl-dist train( |$)", line)]
+    examples += [line.split("   ")[0].split() for line in lines if re.match(r"(algo|trainer)\.?\w*=", line)]
+    assert ["trainer=fused", "num_seeds=4"] in examples and len(examples) >= 5
+    for overrides in examples:
+        cli.load_config(overrides)
+
+
 def test_train_writes_complete_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     out = run_cli("train", "trainer=fused", f"run.dir={run_dir}", "algo.total_timesteps=10240",

@@ -34,12 +34,13 @@ overrides (Hydra syntax):
   env=PRESET            a preset from jaxrl_dist/configs/env/ ({presets})
   env.id=ID env.suite=gymnax|envpool|brax|jumanji
                         any id of a suite, without a preset
-  algo.lr=3e-4 algo.total_timesteps=1e6 num_seeds=4 seed=1
+  algo.lr=3e-4 algo.total_timesteps=1e6 seed=1
+  trainer=fused num_seeds=4   several seeds in one program (the default trainer, sync, trains one)
   run.dir=DIR run.resume=DIR run.progress=false   (jaxrl-dist train --print-config: every key)
 
 examples:
   jaxrl-dist train
-  jaxrl-dist train env=hopper num_seeds=4
+  jaxrl-dist train trainer=fused env=hopper num_seeds=4
   jaxrl-dist train env.id=Acrobot-v1 env.suite=gymnax algo.total_timesteps=2e5
 """
 
