@@ -177,6 +177,22 @@ with Progress(refresh_per_second=20) as bar:
 """
 
 
+def test_a_narrow_terminal_drops_the_bars_note_not_its_numbers():
+    """A vmap group's note (median of its jobs, best) is shown where the line has room;
+    on 80 or 100 columns the steps, rate, return and times stay whole instead."""
+    from rich.console import Console
+
+    for width, noted in ((80, False), (100, False), (140, True)):
+        out = io.StringIO()
+        bar = progress.Bar(Console(file=out, force_terminal=True, width=width), 3200000, 0, "group 1/1")
+        bar.show(26624, 3200000, 109.9, 364107.0, "(median of 4), best 177.0")
+        bar.close()
+        line = ANSI.sub("", out.getvalue()).replace("\r", "\n").strip().splitlines()[-1]
+        assert "…" not in line and len(line) <= width, line
+        assert "26624/3200000 steps  364,107 steps/s  return 109.9" in line and "0:00:00" in line, line
+        assert ("best 177.0" in line) == noted, line
+
+
 def test_a_library_warning_prints_above_the_bar_not_inside_it():
     import sys
 

@@ -194,7 +194,7 @@ class _Logs:
             self._recent[i].add(chunk)
         if self._display is not None:
             returns = [x for x in (r.mean() for r in self._recent) if x is not None]
-            best = f"(median of {len(returns)} jobs), best {max(returns):.1f}" if returns else ""
+            best = f"(median of {len(returns)}), best {max(returns):.1f}" if returns else ""
             self._display.show(self.records[0][-1].env_steps, self._total,
                                statistics.median(returns) if returns else None, sps, best)
         return []

@@ -85,6 +85,9 @@ def _return(ret: Optional[float]) -> str:
     return "-" if ret is None else f"{ret:.1f}"
 
 
+BAR_MIN = 10  # cells of bar the note leaves on a narrow terminal
+
+
 class Bar:
     """rich's progress bar, redrawn twice a second (at rich's default 10 Hz it took ~2% of a
     core); a line `status.say` prints goes above it."""
@@ -105,12 +108,18 @@ class Bar:
             TimeElapsedColumn(table_column=whole()), TimeRemainingColumn(table_column=whole()),
             console=console, transient=False, refresh_per_second=2)
         self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret=_return(ret), note="")
+        self._label = label
         self._progress.start()
         status.attach(console)
 
     def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
-        self._progress.update(self._task, completed=steps, total=total, sps=f"{sps or 0:,.0f}", ret=_return(ret),
-                              note=note and f" {note}")
+        rate, shown = f"{sps or 0:,.0f}", _return(ret)
+        # the note goes where the line has room for it beside a bar of BAR_MIN cells: rich
+        # would otherwise cut every column short ("gro… 26624… best… 0…")
+        line = f"{self._label} {total}/{total} steps  {rate} steps/s  return {shown} 0:00:00 -:--:--"
+        fits = len(line) + 1 + BAR_MIN + len(note) + 1 <= self._progress.console.width
+        self._progress.update(self._task, completed=steps, total=total, sps=rate, ret=shown,
+                              note=f" {note}" if note and fits else "")
 
     def close(self) -> None:
         status.detach(self._progress.console)
