@@ -46,7 +46,8 @@ def test_records_round_trip_and_the_checkpoint_holds_the_clock(tmp_path, trainer
 
 def test_a_resumed_runs_table_says_which_times_count_from_the_runs_start():
     """Its wall and training seconds are this process's; the measured time to target
-    counts from the run's start (`cum_wall_s` carries on across resumes)."""
+    counts from the run's start (`cum_wall_s` carries on across resumes). An async
+    run's table counts updates and the chunks each took, not rounds of shards."""
     from rich.console import Console
 
     from jaxrl_dist.trainers.logger import summary_table
@@ -57,5 +58,9 @@ def test_a_resumed_runs_table_says_which_times_count_from_the_runs_start():
         return console.export_text()
 
     row = {"wall_seconds": 19.7, "wall_to_target_s": 23.4}
-    assert "measured time to target (s, since the run began)" in shown({**row, "resumed_at_update": 62})
+    assert "measured time to target (s, whole run)" in shown({**row, "resumed_at_update": 62})
     assert "measured time to target (s) " in shown(row)
+    rounds = {"num_updates": 24, "rounds": 24, "shards_mean": 4.08}  # an async update is its round
+    assert "shards a round (mean)" in shown(rounds) and "rounds " in shown(rounds)
+    text = shown({**rounds, "trainer": "async"})
+    assert "chunks an update (mean)" in text and "rounds " not in text and "updates" in text

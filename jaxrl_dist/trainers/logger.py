@@ -289,6 +289,8 @@ DIGEST_SHOWN = 12  # hex digits of params_sha256 in the table
 # rows counted over the whole run, across resumes (a resumed run's wall and training
 # seconds are its own process's)
 WHOLE_RUN = ("wall_to_target_s",)
+# the async trainer's own words: an update is its round, and it takes chunks, not shards
+ASYNC_LABELS = {"rounds": None, "shards_mean": "chunks an update (mean)"}
 
 
 PHASES_SHOWN = 6  # the largest phases in the table's `time by phase` cell
@@ -320,9 +322,11 @@ def summary_table(summary: dict):
 
     table = Table(title="run summary (all of it in summary.json)", show_header=False)
     resumed = summary.get("resumed_at_update") is not None
+    labels = ASYNC_LABELS if summary.get("trainer") == "async" else {}
     for key, label in SUMMARY_ROWS:
-        if key in summary:
+        label = labels.get(key, label)
+        if key in summary and label:
             if resumed and key in WHOLE_RUN:  # the times above are this process's
-                label = label.replace(" (s)", " (s, since the run began)")
+                label = label.replace(" (s)", " (s, whole run)")
             table.add_row(label, _cell(key, summary[key]))
     return table
