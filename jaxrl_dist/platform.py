@@ -142,6 +142,14 @@ class Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), attr)
 
 
+def quiet_ray_auth_notice() -> None:
+    """Ray (>= 2.5x) turns token authentication on for each new runtime it starts, its
+    default, and warns on every start that it did; a runtime this process starts on
+    loopback keeps the default without the line (an error there still shows). No Ray
+    import: the logger is Ray's module's, by name."""
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+
+
 def defer_import(name: str) -> None:
     """From now on `import name` gives a stand-in that loads the module at its first use."""
     if name not in sys.modules:

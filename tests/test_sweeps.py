@@ -135,6 +135,8 @@ def test_the_ray_launcher_runs_jobs_on_a_loopback_runtime(tmp_path):
     assert len(job_dirs(sweep)) == 2 and all((r / "summary.json").is_file() for r in job_dirs(sweep))
     launcher = yaml.safe_load((sweep / "multirun.yaml").read_text())["hydra"]["launcher"]
     assert launcher["ray"]["init"]["_node_ip_address"].startswith("127.")
+    for noise in ("Token authentication", "Started a local Ray instance", "\x1b["):  # Ray's, in a log
+        assert noise not in out.stdout + out.stderr, noise
 
 
 def test_hydra_run_dir_and_a_user_config_dir(tmp_path):

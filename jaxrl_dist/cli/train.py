@@ -38,7 +38,7 @@ from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_mess
                                     unknown_preset)
 from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_resumed,
                                distributed_config, from_job, needs, require, to_dict)
-from jaxrl_dist.platform import process_age_s
+from jaxrl_dist.platform import process_age_s, quiet_ray_auth_notice
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now, resume_with
 
@@ -324,7 +324,8 @@ def split(argv: Sequence[str]) -> tuple:
 def _implied(overrides: Sequence[str], multirun: bool) -> list:
     """Hydra overrides that follow from the user's: `run.dir` (or `run.resume`) is the
     run's Hydra output dir (in a multirun, the sweep dir); the Ray launcher stays on
-    loopback; the Optuna sweeper maximises (the objective is a return)."""
+    loopback and quiet (`_quiet_ray_runtime`); the Optuna sweeper maximises (the
+    objective is a return)."""
     keys = override_keys(overrides)
     given = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
     out = []
@@ -337,10 +338,20 @@ def _implied(overrides: Sequence[str], multirun: bool) -> list:
         out += [] if key in keys else [f"{key}={given['run.dir']}"]
     if given.get("hydra/launcher") == "ray" and not any(k.startswith("hydra.launcher.ray.init") for k in keys):
         out += [f"+hydra.launcher.ray.init._node_ip_address={RAY_LOOPBACK_IP}",
-                "+hydra.launcher.ray.init.include_dashboard=false"]
+                "+hydra.launcher.ray.init.include_dashboard=false", "+hydra.launcher.ray.init.logging_level=warning"]
+        _quiet_ray_runtime()
     if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in keys:
         out += ["hydra.sweeper.direction=maximize"]
     return out
+
+
+def _quiet_ray_runtime() -> None:
+    """The Ray launcher's new loopback runtime says only what matters: no notice of its
+    default token authentication, its jobs' line prefixes without colour codes in a log."""
+    quiet_ray_auth_notice()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def _join(overrides: Sequence[str]) -> None:
