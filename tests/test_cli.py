@@ -123,6 +123,8 @@ def test_train_writes_complete_run_dir(tmp_path):
     ("backend.options.x=1", "backend.options.x: backend=local is built in and takes no backend.options"),
     ("run.objective=final_retrun", "run.objective: a trainer=sync summary has no number 'final_retrun' "
                                    "(did you mean 'final_return'?)"),
+    ("trainer", "bad override 'trainer': an override is KEY=VALUE (trainer=...)"),  # `trainer fused`
+    ("--print-confg", "unknown flag '--print-confg' (did you mean '--print-config'?)"),
 ])
 def test_config_errors_exit_2_with_one_line(tmp_path, override, key):
     run_dir = tmp_path / "run"
@@ -148,6 +150,20 @@ def test_a_misspelt_key_set_in_code_is_an_error_not_a_new_attribute():
     for cls in parts:
         with pytest.raises(AttributeError):
             cls().not_a_key = 1
+
+
+def test_a_long_flags_unique_prefix_is_the_flag_and_an_unknown_one_is_one_line():
+    """argparse takes `--multi` for `--multirun`: the checks read it written out, so
+    `--multi --cfg job` is the one line for -m with --cfg, not Hydra's traceback."""
+    from jaxrl_dist.cli.train import _full_flags
+
+    assert _full_flags(["--multi", "--cfg", "job", "--config-d", "d", "-cn=x"]) == \
+        ["--multirun", "--cfg", "job", "--config-dir", "d", "-cn=x"]
+    for bad, near in (("--conf", "--cfg"), ("--hydra-hlp", "--hydra-help"), ("-x", None)):
+        with pytest.raises(ConfigError, match=f"unknown flag '{bad}'" + (f" \\(did you mean '{near}'" if near else ";")):
+            _full_flags([bad])
+    out = run_cli("train", "--multi", "--cfg", "job", timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("error: -m with --cfg:") and "Traceback" not in out.stderr
 
 
 def test_an_info_flag_with_a_bad_key_is_one_line():

@@ -209,6 +209,8 @@ def hydra_message(err: Exception, config_dirs: Sequence[str] = ()) -> str:
         where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark else "a config file"
         return f"{where}: not readable YAML ({getattr(err, 'problem', None) or one_line(err)})"
     if isinstance(err, OverrideParseException):
+        if "=" not in err.override and not err.override.startswith("~"):  # `trainer fused`
+            return f"bad override '{err.override}': an override is KEY=VALUE ({err.override}=...)"
         return f"bad override '{err.override}': {str(err).splitlines()[0]}"  # without the grammar link
     text, cause = one_line(err), err.__cause__ or err
     match = re.search(r"Could not (?:override|append to config\. An item is already at) '([^']+)'", text)

@@ -37,7 +37,7 @@ from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_mess
                                     override_keys, presets, resumed_backend, saved_backend, store_schemas, task_preset,
                                     unknown_preset)
 from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_resumed,
-                               distributed_config, from_job, needs, require, to_dict)
+                               did_you_mean, distributed_config, from_job, needs, require, to_dict)
 from jaxrl_dist.platform import process_age_s, quiet_ray_auth_notice
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now, resume_with
@@ -51,6 +51,9 @@ _VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn",
                 "--config-dir", "--experimental-rerun")
 _INFO_FLAGS = ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "-sc", "--shell-completion",
                "--version", "--experimental-rerun")
+# Hydra's flags (argparse also takes a long one's unique prefix: --multi) and this command's own
+_HYDRA_FLAGS = (*_VALUE_FLAGS, *_INFO_FLAGS, "-m", "--multirun", "-r", "--run", "--resolve")
+_OWN_FLAGS = ("--print-config",)
 # set by `jaxrl-dist launch` for its processes: its PID, and the command that starts them again
 LAUNCHER_ENV, RESUME_ENV = "JAXRL_DIST_LAUNCHER", "JAXRL_DIST_RESUME_WITH"
 FAILED_FILE = "FAILED"  # a failed job's exit code and line, in its run dir
@@ -321,6 +324,27 @@ def split(argv: Sequence[str]) -> tuple:
     return flags, overrides
 
 
+def _full_flags(flags: Sequence[str]) -> list:
+    """`flags` with a unique prefix of a long Hydra flag written out (argparse takes
+    `--multi` for `--multirun`; the checks here read the whole name); an unknown flag
+    is one line naming the closest (`--print-confg`), not Hydra's usage text."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:  # the value of the flag before it (`--cfg job`)
+            out.append(flag)
+            skip = False
+            continue
+        name, eq, value = flag.partition("=")
+        whole = [f for f in _HYDRA_FLAGS if f.startswith("--") and f.startswith(name)] if name.startswith("--") else []
+        if name not in _HYDRA_FLAGS + _OWN_FLAGS:
+            require(len(whole) == 1, f"unknown flag '{flag}'{did_you_mean(name, _HYDRA_FLAGS + _OWN_FLAGS, 0.6)}; "
+                    "jaxrl-dist train --help lists them")
+            name = whole[0]
+        out.append(name + eq + value)
+        skip = out[-1] in _VALUE_FLAGS
+    return out
+
+
 def _implied(overrides: Sequence[str], multirun: bool) -> list:
     """Hydra overrides that follow from the user's: `run.dir` (or `run.resume`) is the
     run's Hydra output dir (in a multirun, the sweep dir); the Ray launcher stays on
@@ -462,6 +486,11 @@ def _failures() -> list:
 def main(argv: Sequence[str]) -> int:
     """`jaxrl-dist train ARGV`: Hydra's flags and KEY=VALUE overrides."""
     flags, users = split(argv)
+    try:
+        flags = _full_flags(flags)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     multirun = "-m" in flags or "--multirun" in flags
     dirs = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f in ("-cd", "--config-dir")]
     _state["config_dirs"] = dirs
