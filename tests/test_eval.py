@@ -148,6 +148,9 @@ def test_eval_of_a_directory_that_is_no_run_is_one_line(tmp_path):
     out = run_cli("eval", str(tmp_path), timeout=60)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"error: {tmp_path}: not a run directory (no config.yaml)"]
+    out = run_cli("eval", str(tmp_path / "nope"), timeout=60)  # as `report` says it
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nope'}: not a run directory (does not exist)"]
 
 
 def test_a_run_trained_with_a_loss_plugin_loads_without_it(solved, tmp_path):

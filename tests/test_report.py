@@ -192,6 +192,8 @@ def test_cli_bad_path_is_one_line_and_exit_2(tmp_path, kind):
     out = run_cli("report", str(good), str(bad))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and str(bad) in out.stderr
+    if kind == "missing":  # the words `eval` says it in too
+        assert out.stderr.strip() == f"error: {bad}: not a run directory (does not exist)"
     assert not list(good.glob("*.png"))  # every path is checked before anything is drawn
 
 

@@ -37,7 +37,8 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(parser, argv)
     opts = eval_options(args.overrides)
     if not (Path(args.run_dir) / "config.yaml").is_file():
-        raise ConfigError(f"{args.run_dir}: not a run directory (no config.yaml)")
+        what = "does not exist" if not Path(args.run_dir).exists() else "no config.yaml"  # as report says
+        raise ConfigError(f"{args.run_dir}: not a run directory ({what})")
     use_unrolled_threefry()
     from jaxrl_dist.evaluation import evaluate  # imports JAX
 

@@ -91,8 +91,8 @@ def load_run(path) -> Run:
 
     path = Path(path)
     if not (path / METRICS_FILE).is_file():
-        what = "does not exist" if not path.exists() else f"has no {METRICS_FILE}"
-        raise ReportError(f"not a run directory: {path} ({what})")
+        what = "does not exist" if not path.exists() else f"no {METRICS_FILE}"
+        raise ReportError(f"{path}: not a run directory ({what})")  # as eval says
     try:
         records = read_metrics(path / METRICS_FILE)
     except (OSError, UnicodeDecodeError) as err:
