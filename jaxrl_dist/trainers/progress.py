@@ -92,7 +92,9 @@ class Bar:
     """rich's progress bar, redrawn twice a second (at rich's default 10 Hz it took ~2% of a
     core); a line `status.say` prints goes above it."""
 
-    def __init__(self, console, total: int, done: int, label: str = "train", ret: Optional[float] = None):
+    def __init__(self, console, total: int, done: int, label: str = "train", ret: Optional[float] = None,
+                 deferred: bool = False):
+        """`deferred`: drawn from the first `show` on (a status line shows until then)."""
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
         from rich.table import Column
@@ -108,9 +110,15 @@ class Bar:
             TimeElapsedColumn(table_column=whole()), TimeRemainingColumn(table_column=whole()),
             console=console, transient=False, refresh_per_second=2)
         self._task = self._progress.add_task("train", total=total, completed=done, sps="-", ret=_return(ret), note="")
-        self._label = label
+        self._label, self._started = label, False
+        if not deferred:
+            self._start()
+
+    def _start(self) -> None:
+        status.stop()  # the bar takes over from the status line
         self._progress.start()
-        status.attach(console)
+        status.attach(self._progress.console)
+        self._started = True
 
     def show(self, steps: int, total: int, ret: Optional[float], sps: Optional[float], note: str = "") -> None:
         rate, shown = f"{sps or 0:,.0f}", _return(ret)
@@ -120,10 +128,13 @@ class Bar:
         fits = len(line) + 1 + BAR_MIN + len(note) + 1 <= self._progress.console.width
         self._progress.update(self._task, completed=steps, total=total, sps=rate, ret=shown,
                               note=f" {note}" if note and fits else "")
+        if not self._started:  # its first figures (elapsed counts from the bar's making)
+            self._start()
 
     def close(self) -> None:
-        status.detach(self._progress.console)
-        self._progress.stop()
+        if self._started:
+            status.detach(self._progress.console)
+            self._progress.stop()
 
 
 class Lines:
@@ -163,16 +174,18 @@ class Lines:
             self._print(*self._pending)
 
 
-def make_display(total: int, done: int, label: str = "", ret: Optional[float] = None) -> Display:
+def make_display(total: int, done: int, label: str = "", ret: Optional[float] = None,
+                 deferred: bool = False) -> Display:
     """The bar where stdout is a terminal (as rich tells it: `TTY_COMPATIBLE`, `FORCE_COLOR`
     and Jupyter count), plain lines elsewhere; `ret`: the return to show from the start (a
-    resumed run's)."""
+    resumed run's); `deferred`: the bar is drawn from its first figures on, so that a status
+    line can say what comes before them (a round run's first round, which compiles)."""
     from rich.console import Console
 
-    status.stop()  # the bar or the lines take over from the status line
     console = Console()
     if console.is_terminal or console.is_jupyter:
-        return Bar(console, total, done, label or "train", ret)
+        return Bar(console, total, done, label or "train", ret, deferred)
+    status.stop()  # the lines take over from the status line
     return Lines(sys.stdout, total, done, label, ret)
 
 
@@ -188,7 +201,9 @@ class Progress:
         self._returns.add(history)
         self._total = total if budget is None else expected_total(budget, done, self._rounds, budget.round_steps)
         self._sps: Optional[float] = None
-        self._display = display if display is not None else make_display(self._total, done, ret=self._returns.mean())
+        # a round run's bar waits for its first round, which compiles under a status line
+        self._display = display if display is not None else make_display(self._total, done, ret=self._returns.mean(),
+                                                                          deferred=budget is not None)
 
     def update(self, records: list) -> None:
         last = records[-1]

@@ -311,7 +311,9 @@ def _train(cfg: Config, run_dir: Path, resuming: bool, t_start: float, trainer_c
         logger, tracker = open_logs(cfg, run_dir, cfg.algo.total_timesteps, done, history,
                                     round_budget(cfg, trainer.expected, trainer.learner.steps_per_shard))
         try:
-            records = trainer.run(logger, history, t_start)
+            first = f"compiling and running the first {step_unit(cfg.trainer.name)}"  # until the bar shows
+            with status.showing(first, cfg.run.progress):
+                records = trainer.run(logger, history, t_start)
             train_s = time.perf_counter() - trainer.rounds_t0  # start-up apart
             logger.finish()
         except BackendError as err:
