@@ -178,9 +178,24 @@ def test_a_plugin_that_breaks_its_contract_is_one_line_naming_the_key(monkeypatc
 
     for name, module, got in (("logits", Logits, "ShapeDtypeStruct"), ("column", Column, r"PolicyOut of shapes")):
         monkeypatch.setitem(NETWORKS._builtin, name, lambda spec, sizes, activation, options, m=module: m())
-        with pytest.raises(ConfigError, match=f"^algo.network={name}: on 2 observations it returned {got}.*"
+        with pytest.raises(ConfigError, match=rf"^algo.network={name}: on observations \[2, 4\] it returned {got}.*"
                            r"a network returns PolicyOut\(logits or mean \[2, 2\]"):
             make_network(make_env("CartPole-v1", 1).spec, name)
+
+    import jax.numpy as jnp
+
+    class Flat(nn.Module):  # right on [B, obs], but a trajectory's [T, B, obs] is called too
+        @nn.compact
+        def __call__(self, x):
+            from jaxrl_dist.core.networks import PolicyOut
+
+            h = nn.Dense(8)(x.reshape(x.shape[0], -1))
+            return PolicyOut(nn.Dense(2)(h), jnp.zeros(2), nn.Dense(1)(h)[..., 0])
+
+    monkeypatch.setitem(NETWORKS._builtin, "flat", lambda spec, sizes, activation, options: Flat())
+    with pytest.raises(ConfigError, match=r"^algo.network=flat: on observations \[2, 2, 4\] it raised "
+                       r"ScopeParamShapeError: .*PolicyOut\(logits or mean \[2, 2, 2\].* any leading dims"):
+        make_network(make_env("CartPole-v1", 1).spec, "flat")
 
 
 def test_a_plugin_options_declaration_that_cannot_be_read_is_the_plugin_s_line():

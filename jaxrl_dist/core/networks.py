@@ -7,6 +7,7 @@ the env's spaces.
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Sequence
 
 import flax.linen as nn
@@ -131,31 +132,44 @@ def make_network(spec: EnvSpec, network: str = "auto", hidden_sizes=(64, 64),
 
 
 def check_output(network, spec: EnvSpec, what: str):
-    """`network`, once its output on two dummy observations (abstractly: nothing runs)
-    has `PolicyOut`'s shapes (a recurrent one's: `(carry, PolicyOut[1, 2])` for one step);
-    else one line naming `what` and the contract, not a shape error deep in the loss."""
-    A, B, recurrent = spec.num_actions, 2, is_recurrent(network)
-    lead = (1, B) if recurrent else (B,)
+    """`network`, once its output on dummy observations (abstractly: nothing runs) has
+    `PolicyOut`'s shapes, else one line naming `what` and the contract, not a shape error
+    deep in the loss. A feed-forward network is called on any leading dims (`[B, ...obs]`
+    a step, `[T, B, ...obs]` a trajectory's bootstrap values), so both are tried; a
+    recurrent one returns `(carry, PolicyOut[1, 2])` for one step."""
+    B, recurrent = 2, is_recurrent(network)
+    for lead in [(1, B)] if recurrent else [(B,), (2, B)]:
+        _check_lead(network, spec, what, lead)
+    return network
+
+
+def _check_lead(network, spec: EnvSpec, what: str, lead: tuple) -> None:
+    A, recurrent = spec.num_actions, is_recurrent(network)
 
     def apply():
         params = init_params(network, spec.obs_shape, spec.obs_dtype, jax.random.key(0))
         obs = jnp.zeros(lead + tuple(spec.obs_shape), spec.obs_dtype)
         if not recurrent:
             return network.apply(params, obs)
-        out = network.apply(params, network.initialize_carry(B), obs, jnp.zeros(lead, bool))
+        out = network.apply(params, network.initialize_carry(lead[1]), obs, jnp.zeros(lead, bool))
         return out[1] if isinstance(out, tuple) and len(out) == 2 else out
 
-    out = jax.eval_shape(apply)
+    dims = ", ".join(map(str, lead))
+    contract = (f"a {'recurrent ' * recurrent}network returns {'(carry, ...) with ' * recurrent}PolicyOut(logits or "
+                f"mean [{dims}, {A}], log_std [{A}] or [{dims}, {A}], value [{dims}])"
+                + ("" if recurrent else " for observations of any leading dims"))
+    where = f"on observations [{dims}, {', '.join(map(str, spec.obs_shape))}]"
+    try:
+        out = jax.eval_shape(apply)
+    except Exception as err:  # a plugin's own error inside apply: its first line, then the contract
+        first = re.sub(r"\s*\(https?://\S*", "", (str(err).splitlines() or [""])[0])[:200]  # no docs link
+        raise ConfigError(f"{what}: {where} it raised {type(err).__name__}: {first}; {contract}") from None
     shapes = [tuple(getattr(x, "shape", ())) for x in out] if isinstance(out, tuple) and len(out) == 3 else None
     ok = shapes is not None and shapes[0] == lead + (A,) and shapes[2] == lead and (
         spec.discrete or shapes[1] in ((A,), lead + (A,)))
     if not ok:
         got = f"{type(out).__name__} of shapes {shapes}" if shapes else type(out).__name__
-        dims = ", ".join(map(str, lead))
-        raise ConfigError(f"{what}: on {B} observations it returned {got}; a {'recurrent ' * recurrent}network "
-                          f"returns {'(carry, ...) with ' * recurrent}PolicyOut(logits or mean [{dims}, {A}], "
-                          f"log_std [{A}] or [{dims}, {A}], value [{dims}])")
-    return network
+        raise ConfigError(f"{what}: {where} it returned {got}; {contract}")
 
 
 def checked_network(network: str, options=None) -> tuple:
