@@ -648,9 +648,10 @@ def test_make_train_checks_its_config_and_the_env_size():
 
 
 @pytest.mark.parametrize("returns, said", [
-    (lambda loss, m: loss, "returned a "),  # the scalar alone
-    (lambda loss, m: (loss, 1.0), "returned a tuple of 2"),
-    (lambda loss, m: (jnp.stack([loss] * 3), m), "returned a tuple of 2"),
+    (lambda loss, m: loss, r"returned one array of shape \(\), not a \(loss, metrics\) pair"),  # the scalar alone
+    (lambda loss, m: (loss, 1.0), "returned metrics as a float, not a dict"),
+    (lambda loss, m: (jnp.stack([loss] * 3), m), r"returned a loss of shape \(3,\), not a scalar"),
+    (lambda loss, m: (loss, m, 0.0), "returned a tuple of 3"),
     (lambda loss, m: (loss, {**m, "per_sample": jnp.zeros(3)}), r"returned metrics \['per_sample'\] that are not scalars"),
 ])
 def test_a_loss_that_breaks_its_contract_is_one_line_naming_it(real, returns, said):

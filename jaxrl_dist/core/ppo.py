@@ -111,10 +111,21 @@ def _checked_out(out, fn):
     ok = isinstance(out, tuple) and len(out) == 2 and jnp.shape(out[0]) == () and isinstance(out[1], dict)
     bad = [k for k, v in out[1].items() if jnp.shape(v) != ()] if ok else []
     if not ok or bad:
-        got = f"metrics {bad} that are not scalars" if bad else (
-            f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple) else f"a {type(out).__name__}")
-        raise ConfigError(f"algo.loss: the loss {_name(fn)} returned {got}; a loss is {_LOSS_CONTRACT}")
+        raise ConfigError(f"algo.loss: the loss {_name(fn)} returned {_what(out, bad)}; a loss is {_LOSS_CONTRACT}")
     return out
+
+
+def _what(out, bad: list) -> str:
+    """What a loss returned that the contract does not take, in its terms (shapes, not tracers)."""
+    if bad:
+        return f"metrics {bad} that are not scalars"
+    if hasattr(out, "shape"):
+        return f"one array of shape {tuple(out.shape)}, not a (loss, metrics) pair"
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return f"a {type(out).__name__}" + (f" of {len(out)}" if isinstance(out, tuple) else "")
+    if jnp.shape(out[0]) != ():
+        return f"a loss of shape {tuple(jnp.shape(out[0]))}, not a scalar (a per-sample loss wants its mean)"
+    return f"metrics as a {type(out[1]).__name__}, not a dict"
 
 
 def check_plugins(a: AlgoConfig) -> None:
