@@ -26,6 +26,7 @@ _EXPORTS = {
     "AlgoConfig": ("config", "AlgoConfig"),
     "RunConfig": ("config", "RunConfig"),
     "from_dict": ("config", "from_dict"),
+    "load_config": ("cli.compose", "load_config"),
     "train": ("trainers.runner", "train"),
     "make_env": ("envs", "make_env"),
     "make_network": ("core.networks", "make_network"),
@@ -56,6 +57,7 @@ def __dir__():
 if TYPE_CHECKING:  # static analysers see the real objects ("X as X": a re-export)
     from jaxrl_dist.config import AlgoConfig as AlgoConfig, Config as Config, EnvConfig as EnvConfig
     from jaxrl_dist.config import EvalConfig as EvalConfig, RunConfig as RunConfig, from_dict as from_dict
+    from jaxrl_dist.cli.compose import load_config as load_config
     from jaxrl_dist.core.networks import make_network as make_network
     from jaxrl_dist.core.ppo import gae as gae, make_update as make_update
     from jaxrl_dist.envs import make_env as make_env

@@ -22,6 +22,18 @@ def test_readme_library_example_runs(capsys):
     assert capsys.readouterr().out.strip()
 
 
+def test_a_config_in_code_starts_from_the_dataclasses_and_load_config_from_the_clis():
+    """As the README says: `Config()` trains fused with no preset applied, while
+    `load_config` is what the CLI trains on the same overrides (sync, the env's preset)."""
+    import jaxrl_dist
+
+    mine = jaxrl_dist.from_dict({"env": {"id": "Acrobot-v1"}})
+    assert (mine.trainer.name, mine.run.target_return) == ("fused", None)
+    cli = jaxrl_dist.load_config(["env.id=Acrobot-v1", "algo.lr=3e-4"])
+    assert (cli.trainer.name, cli.scheduler.name, cli.run.target_return, cli.algo.lr) == \
+        ("sync", "learned", -100.0, 3e-4)
+
+
 def test_ci_runs_the_readme_test_command():
     commands = re.findall(r"```bash\n(python3 -m venv .*?)\n```", README.read_text())
     assert len(commands) == 2, commands  # the Quickstart's two commands
