@@ -47,11 +47,22 @@ class Registry:
         self.what, self.key, self.group = what, key, group
         self._builtin: Dict[str, Any] = dict(builtin)  # the package's, then what a caller registers
         self._own = frozenset(builtin)
+        self._here: set = set()  # the names `register` set: other processes do not see them
 
     def register(self, name: str, target: Any) -> Any:
         """Add (or replace) `name` for this process; returns `target` (usable as a decorator's body)."""
         self._builtin[name] = target
+        self._here.add(name)
         return target
+
+    def check_elsewhere(self, name: str, where: str) -> None:
+        """`name` means the same in another process (`where`, say `backend=ray`'s actors):
+        one registered in this process only is a `ConfigError`, not a shard that fails
+        in each of its tries there."""
+        if name in self._here and name in self._builtin:
+            raise ConfigError(f"{self.key}={name}: registered in this process only; {where} run in other "
+                              f"processes, which find a plugin by its entry point ({self.group}); declare it "
+                              "in a distribution's entry points (README: Extending), or use backend=local")
 
     def _plugins(self) -> dict:
         return {ep.name: ep for ep in _entry_points(self.group, tuple(sys.path))}

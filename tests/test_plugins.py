@@ -221,3 +221,20 @@ def test_a_plugin_options_declaration_that_cannot_be_read_is_the_plugin_s_line()
         mine.Options = cls
         with pytest.raises(ConfigError, match=f"^algo.loss_options: {said}"):
             options(mine, {}, "algo.loss_options")
+
+
+def test_a_part_registered_in_process_is_refused_where_shards_run_in_other_processes(monkeypatch):
+    """An in-process network (or suite, or wrapper) does not exist in a Ray actor or a serve
+    instance: one line before the run, not a shard failing in every try there."""
+    from jaxrl_dist.config import ConfigError, from_dict
+    from jaxrl_dist.core.networks import NETWORKS, make_network
+    from jaxrl_dist.trainers.parts import check_parts
+
+    monkeypatch.setattr(NETWORKS, "_builtin", dict(NETWORKS._builtin))
+    monkeypatch.setattr(NETWORKS, "_here", set())
+    NETWORKS.register("narrow", lambda spec, sizes, activation, options: make_network(spec, "mlp", (8,)))
+    cfg = {"trainer": "sync", "algo": {"network": "narrow"}}
+    check_parts(from_dict(cfg))  # the local backend runs shards in this process
+    with pytest.raises(ConfigError, match=r"^algo.network=narrow: registered in this process only; "
+                       r"backend=http's shards run in other processes, .*\(jaxrl_dist.networks\)"):
+        check_parts(from_dict({**cfg, "backend": {"name": "http", "urls": ["http://127.0.0.1:9"]}}))

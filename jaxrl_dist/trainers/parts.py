@@ -5,11 +5,13 @@ with its options (the learned scheduler: its file; the http backend: its token f
 and the summary number that `run.objective` names. A bad one is a `ConfigError` naming its key."""
 from __future__ import annotations
 
-from jaxrl_dist.backends import BACKENDS
+from jaxrl_dist.backends import BACKENDS, capabilities
 from jaxrl_dist.backends.http import read_token_file
 from jaxrl_dist.config import Config, check_recurrent
+from jaxrl_dist.core.networks import NETWORKS
 from jaxrl_dist.core.ppo import check_plugins
-from jaxrl_dist.envs import check_wrapper, resolve_suite
+from jaxrl_dist.envs import SUITES, check_wrapper, resolve_suite
+from jaxrl_dist.envs.wrappers import WRAPPERS
 from jaxrl_dist.scheduling.learned import checked_file, has_scale, scale_for
 from jaxrl_dist.scheduling.schedulers import SCHEDULERS
 from jaxrl_dist.trainers.summary import check_objective
@@ -24,6 +26,7 @@ def check_parts(config: Config) -> None:
     check_plugins(config.algo)
     if config.trainer.name != "fused":  # the fused trainer runs no backend or scheduler ...
         BACKENDS.check(config.backend.name, config.backend.options, "backend.options")
+        _check_shard_parts(config, suite)
     if config.trainer.name == "sync":  # ... and the async trainer no scheduler (its balancer sizes it)
         SCHEDULERS.check(config.scheduler.name, config.scheduler.options, "scheduler.options")
         if config.scheduler.name == "learned":  # its file, the shard range it was trained for, the return range
@@ -32,3 +35,15 @@ def check_parts(config: Config) -> None:
                 scale_for(trained, config)
     if config.trainer.name != "fused" and getattr(config.backend, "token_file", None):  # the http backend's
         read_token_file(config.backend.token_file)
+
+
+def _check_shard_parts(config: Config, suite: str) -> None:
+    """What a shard builds (the env suite, its wrapper, the network) means the same where a
+    backend that runs shards in other processes runs them: not a name registered here only."""
+    if capabilities(BACKENDS.get(config.backend.name)).in_process:
+        return
+    where = f"backend={config.backend.name}'s shards"
+    SUITES.check_elsewhere(suite, where)
+    NETWORKS.check_elsewhere(config.algo.network, where)
+    if config.env.wrapper:
+        WRAPPERS.check_elsewhere(config.env.wrapper, where)
