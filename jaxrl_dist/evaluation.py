@@ -173,7 +173,7 @@ def load_policy(run_dir, deterministic: bool = True, seed_index: int = 0) -> Pol
     stream (seeded 0), a new sample each call. See the module doc for which
     observation statistics are applied.
     """
-    cfg = load_run_config(Path(run_dir), "eval")
+    cfg = load_run_config(Path(run_dir), "load_policy")
     env = env_of(cfg.env, 1, cfg.seed)
     spec = env.spec
     a = cfg.algo

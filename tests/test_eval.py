@@ -151,6 +151,8 @@ def test_eval_of_a_directory_that_is_no_run_is_one_line(tmp_path):
     out = run_cli("eval", str(tmp_path / "nope"), timeout=60)  # as `report` says it
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'nope'}: not a run directory (does not exist)"]
+    with pytest.raises(CliConfigError, match=f"^load_policy: {tmp_path / 'nope'}: not a run directory"):
+        load_policy(tmp_path / "nope")  # the library's call names itself, not eval
 
 
 def test_a_run_trained_with_a_loss_plugin_loads_without_it(solved, tmp_path):

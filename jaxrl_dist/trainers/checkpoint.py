@@ -325,8 +325,9 @@ def load_run_config(run_dir: Path, key: str = "run.resume") -> Config:
     import yaml
 
     path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise ConfigError(f"{key}: no {CONFIG_FILE} in {run_dir}")
+    if not path.is_file():  # in the words `eval` and `report` use
+        what = "does not exist" if not Path(run_dir).exists() else f"no {CONFIG_FILE}"
+        raise ConfigError(f"{key}: {run_dir}: not a run directory ({what})")
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
