@@ -67,6 +67,12 @@ class Policy:
     def recurrent(self) -> bool:
         return is_recurrent(self.network)
 
+    def __repr__(self) -> str:  # the params and moments are arrays: hundreds of lines
+        s = self.spec
+        return (f"Policy({s.env_id}, obs {tuple(s.obs_shape)}, {s.num_actions} "
+                f"{'actions' if s.discrete else 'action dims'}, {self.config.algo.network} network"
+                f"{' (recurrent)' * self.recurrent}, step {self.step})")
+
     def reset(self) -> None:
         """Forget the hidden state: the next call starts every env's episode."""
         self.carry = None

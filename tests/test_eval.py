@@ -82,6 +82,7 @@ def test_load_policy_acts_on_a_batch_of_observations(solved, caplog, capfd):
     actions = policy(jnp.zeros((5, 4)))
     assert actions.shape == (5,) and set(np.asarray(actions).tolist()) <= {0, 1}
     assert policy.obs_moments is None  # CartPole's run did not normalise observations
+    assert repr(policy).startswith("Policy(CartPole-v1, obs (4,), 2 actions, ") and "\n" not in repr(policy)
     with pytest.raises(CliConfigError, match=r"observations of shape \(2, 5\); this policy takes \[N, 4\]"):
         policy(jnp.zeros((2, 5)))
 
