@@ -677,8 +677,8 @@ class Config:
         if name == "sync" and self.scheduler.name in SCHEDULER_READS:
             self._check_scheduler_keys(keys)
         given = next((k for k in keys if k.startswith("env.wrapper_options")), None)
-        require(given is None or bool(self.env.wrapper), f"{given}: no env.wrapper is set, so nothing reads it "
-                "(the run would train on the whole observation); set env.wrapper=hide (or another wrapper)")
+        require(given is None or bool(self.env.wrapper), f"{given}: no env.wrapper is set, so nothing reads it; "
+                "set env.wrapper (hide, or a plugin wrapper's name) or drop the key")
 
     def _check_scheduler_keys(self, keys: Sequence[str]) -> None:
         """A base scheduler key the user set that the chosen built-in scheduler does not read."""
