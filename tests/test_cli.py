@@ -272,11 +272,15 @@ def test_env_kwargs_is_an_open_mapping():
 
 
 def test_default_train_solves_cartpole(tmp_path):
-    """`jaxrl-dist train` with the defaults: CartPole-v1, 5e5 steps, the local backend,
-    the learned scheduler and serverless prices; the table shows both clocks and dollars."""
+    """`jaxrl-dist train` with the defaults, on a terminal: CartPole-v1, 5e5 steps, the
+    local backend, the learned scheduler and serverless prices; the table shows both
+    clocks and dollars. The bar waits for the first round's figures: until then a status
+    line says the round compiles (it was a bar at 0 steps with no word for seconds)."""
+    from test_terminal import on_a_terminal
+
     run_dir = tmp_path / "run"
-    out = run_cli("train", f"run.dir={run_dir}", "run.progress=false")
-    assert out.returncode == 0, out.stderr
+    code, text = on_a_terminal(["train", f"run.dir={run_dir}"])
+    assert code == 0, text[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_id"] == "CartPole-v1" and summary["env_steps"] >= 490_000
     assert summary["final_return"] >= 475, summary
@@ -284,7 +288,13 @@ def test_default_train_solves_cartpole(tmp_path):
     assert summary["cost_usd"] > 0 and summary["modeled_seconds"] > 0 and summary["time_to_target_s"] > 0
     for label in ("final return", "wall time (s)", "modeled cloud time (s)", "dollars (cost preset)",
                   "measured time to target (s)"):
-        assert label in out.stdout
+        assert label in text
+    spots = [text.find(f"{s} (") for s in ("checking the config", "starting the local backend",
+                                            "compiling and running the first round")]
+    assert -1 not in spots and spots == sorted(spots), spots
+    frames = re.findall(r"(\d+)/(\d+) steps +(\S+) steps/s", text)
+    assert frames and int(frames[0][0]) > 0 and frames[0][2] != "-", frames[:2]  # its first look has figures
+    assert spots[-1] < text.find(f"{frames[0][0]}/{frames[0][1]} steps")
 
 
 @pytest.mark.parametrize("env_id, preset, target", [

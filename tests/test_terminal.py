@@ -56,20 +56,6 @@ def test_a_status_line_then_the_bar_with_the_real_total(tmp_path):
     assert steps == total == "9728" and ret != "-"
 
 
-def test_the_default_round_run_says_its_first_round_compiles_then_draws_the_bar(tmp_path):
-    """The sync trainer's bar waits for its first round's figures: until then a status
-    line says the round compiles (it was a bar at 0 steps with no word for seconds)."""
-    code, text = on_a_terminal(["train", "algo.total_timesteps=8192", f"run.dir={tmp_path / 'run'}",
-                                "run.tensorboard=false"])
-    assert code == 0, text[-2000:]
-    spots = [text.find(f"{s} (") for s in ("checking the config", "starting the local backend",
-                                            "compiling and running the first round")]
-    assert -1 not in spots and spots == sorted(spots), spots
-    frames = re.findall(r"(\d+)/(\d+) steps +(\S+) steps/s", text)
-    assert frames and int(frames[0][0]) > 0 and frames[0][2] != "-", frames[:2]  # its first look has figures
-    assert text.find("compiling and running the first round") < text.find(f"{frames[0][0]}/{frames[0][1]} steps")
-
-
 def test_a_config_error_on_a_terminal_is_the_last_text(tmp_path):
     """A value out of range, found by the check Hydra calls back: the status line is
     taken down before the error, so nothing is drawn below it."""
