@@ -141,6 +141,31 @@ def test_ctrl_c_on_a_vmap_sweep_leaves_each_job_what_a_job_writes(tmp_path):
         assert "interrupted in a group; continue with run.resume=" in (job / "train.log").read_text()
 
 
+def test_a_vmap_group_stopped_at_once_leaves_each_job_its_overrides(tmp_path, monkeypatch):
+    """A second Ctrl-C exits where the group is, before Hydra's `run_job` writes `.hydra/`:
+    each job's overrides are written before the group trains, so `report` can tell the
+    jobs apart (without them every job read as the same config)."""
+    from omegaconf import OmegaConf
+
+    from jaxrl_dist.cli import vmap
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def exits(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(vmap, "train_group", stopped)
+    monkeypatch.setattr(vmap, "exit_now", exits)
+    jobs = [([f"algo.lr={lr}"], OmegaConf.create({"hydra": {
+        "sweep": {"dir": str(tmp_path), "subdir": str(i)}, "output_subdir": ".hydra",
+        "overrides": {"task": [f"algo.lr={lr}", "seed=0"]}}})) for i, lr in enumerate((0.1, 0.2))]
+    with pytest.raises(SystemExit):
+        vmap._run_group(None, jobs, [None, None], [0, 1], "group 1/1", {}, {})
+    for i, lr in enumerate((0.1, 0.2)):
+        assert OmegaConf.load(tmp_path / str(i) / ".hydra" / "overrides.yaml") == [f"algo.lr={lr}", "seed=0"]
+
+
 def test_ctrl_c_on_a_basic_multirun_says_its_later_jobs_did_not_run(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "trainer=fused", "seed=0,1", "algo.total_timesteps=307200", f"run.dir={sweep}",

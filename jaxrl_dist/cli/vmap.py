@@ -196,6 +196,8 @@ def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict
     """Train one group and hand each of its jobs to Hydra with what it trained; a group
     that fails fails each of its jobs with the one line; Ctrl-C exits 130."""
     dirs = [_output_dir(jobs[i][1]) for i in members]
+    for i in members:
+        _save_overrides(jobs[i][1])
 
     def finish(summaries: list, failure=None) -> None:
         for i, summary in zip(members, summaries):
@@ -215,6 +217,19 @@ def _run_group(launcher, jobs, configs, members: list, label: str, returns: dict
         _say(f"stopped at once ({signal_name()} twice): nothing saved since each job's last checkpoint "
              f"({dirs[0].parent}/*); continue one with run.resume=RUN_DIR")
         exit_now(exit_code())
+
+
+def _save_overrides(config) -> None:
+    """A job's `.hydra/overrides.yaml`, as Hydra writes it, before its group trains
+    (`run_job` writes all of `.hydra/` when the group ends): a group stopped at once (a
+    second Ctrl-C) still leaves each directory saying which job it is, which `report`
+    groups the jobs by."""
+    sub = OmegaConf.select(config, "hydra.output_subdir")
+    if sub is None:  # hydra.output_subdir=null: no `.hydra/` at all
+        return
+    where = _output_dir(config) / str(sub)
+    where.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(list(config.hydra.overrides.task)), where / "overrides.yaml")
 
 
 def _run_job(launcher, config, task) -> JobReturn:
