@@ -55,11 +55,15 @@ class Registry:
         self._here.add(name)
         return target
 
+    def registered_here(self, name: str) -> bool:
+        """Whether `name` is one `register` set in this process (other processes lack it)."""
+        return name in self._here and name in self._builtin
+
     def check_elsewhere(self, name: str, where: str) -> None:
         """`name` means the same in another process (`where`, say `backend=ray`'s actors):
         one registered in this process only is a `ConfigError`, not a shard that fails
         in each of its tries there."""
-        if name in self._here and name in self._builtin:
+        if self.registered_here(name):
             raise ConfigError(f"{self.key}={name}: registered in this process only; {where} run in other "
                               f"processes, which find a plugin by its entry point ({self.group}); declare it "
                               "in a distribution's entry points (README: Extending), or use backend=local")

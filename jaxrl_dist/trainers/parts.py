@@ -39,11 +39,12 @@ def check_parts(config: Config) -> None:
 
 def _check_shard_parts(config: Config, suite: str) -> None:
     """What a shard builds (the env suite, its wrapper, the network) means the same where a
-    backend that runs shards in other processes runs them: not a name registered here only."""
-    if capabilities(BACKENDS.get(config.backend.name)).in_process:
+    backend that runs shards in other processes runs them: not a name registered here only.
+    The backend's class (a built-in's module: Ray, httpx) is loaded only where one is."""
+    parts = [(SUITES, suite), (NETWORKS, config.algo.network)] + (
+        [(WRAPPERS, config.env.wrapper)] if config.env.wrapper else [])
+    here = [(registry, name) for registry, name in parts if registry.registered_here(name)]
+    if not here or capabilities(BACKENDS.get(config.backend.name)).in_process:
         return
-    where = f"backend={config.backend.name}'s shards"
-    SUITES.check_elsewhere(suite, where)
-    NETWORKS.check_elsewhere(config.algo.network, where)
-    if config.env.wrapper:
-        WRAPPERS.check_elsewhere(config.env.wrapper, where)
+    for registry, name in here:
+        registry.check_elsewhere(name, f"backend={config.backend.name}'s shards")
