@@ -348,8 +348,7 @@ def _full_flags(flags: Sequence[str]) -> list:
 def _implied(overrides: Sequence[str], multirun: bool) -> list:
     """Hydra overrides that follow from the user's: `run.dir` (or `run.resume`) is the
     run's Hydra output dir (in a multirun, the sweep dir); the Ray launcher stays on
-    loopback and quiet (`_quiet_ray_runtime`); the Optuna sweeper maximises (the
-    objective is a return)."""
+    loopback, logging at warning; the Optuna sweeper maximises (the objective is a return)."""
     keys = override_keys(overrides)
     given = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
     out = []
@@ -363,15 +362,15 @@ def _implied(overrides: Sequence[str], multirun: bool) -> list:
     if given.get("hydra/launcher") == "ray" and not any(k.startswith("hydra.launcher.ray.init") for k in keys):
         out += [f"+hydra.launcher.ray.init._node_ip_address={RAY_LOOPBACK_IP}",
                 "+hydra.launcher.ray.init.include_dashboard=false", "+hydra.launcher.ray.init.logging_level=warning"]
-        _quiet_ray_runtime()
     if given.get("hydra/sweeper") == "optuna" and "hydra.sweeper.direction" not in keys:
         out += ["hydra.sweeper.direction=maximize"]
     return out
 
 
 def _quiet_ray_runtime() -> None:
-    """The Ray launcher's new loopback runtime says only what matters: no notice of its
-    default token authentication, its jobs' line prefixes without colour codes in a log."""
+    """The Ray launcher's runtime (started in this process) says only what matters: no
+    notice of its default token authentication, its jobs' line prefixes without colour
+    codes in a log. Environment, not overrides: Ray reads them when the launcher starts it."""
     quiet_ray_auth_notice()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
     if not sys.stdout.isatty():
@@ -519,6 +518,8 @@ def main(argv: Sequence[str]) -> int:
         _join(users)
         with status.showing("checking the config", True):  # taken down once Check has run
             overrides = normalise(task_preset(resumed_backend(users)))
+            if "hydra/launcher=ray" in overrides:
+                _quiet_ray_runtime()
             return _hydra(flags + overrides + _implied(overrides, multirun))
     except ConfigError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
