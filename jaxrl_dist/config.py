@@ -299,6 +299,12 @@ class HttpBackendConfig(BackendConfig):
             check_url(url, f"backend.urls[{i}]")
 
 
+def not_a_run_dir(path, needed: str) -> str:
+    """The one line every command says of a path that is no run directory: it does not
+    exist, or lacks the file `needed` (`config.yaml`, `metrics.jsonl`)."""
+    return f"{path}: not a run directory ({'does not exist' if not os.path.exists(path) else f'no {needed}'})"
+
+
 def check_url(url, key: str) -> None:
     """An endpoint is `http(s)://host[:port][/path]`, checked here rather than at the
     first request, where the error would name the URL but not the key."""

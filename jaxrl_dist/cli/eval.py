@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from jaxrl_dist.cli.compose import options, parse_args
-from jaxrl_dist.config import ConfigError, EvalConfig
+from jaxrl_dist.config import ConfigError, EvalConfig, not_a_run_dir
 from jaxrl_dist.platform import use_unrolled_threefry
 
 EPILOG = """\
@@ -37,8 +37,7 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(parser, argv)
     opts = eval_options(args.overrides)
     if not (Path(args.run_dir) / "config.yaml").is_file():
-        what = "does not exist" if not Path(args.run_dir).exists() else "no config.yaml"  # as report says
-        raise ConfigError(f"{args.run_dir}: not a run directory ({what})")
+        raise ConfigError(not_a_run_dir(args.run_dir, "config.yaml"))
     use_unrolled_threefry()
     from jaxrl_dist.evaluation import evaluate  # imports JAX
 

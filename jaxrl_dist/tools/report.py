@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from jaxrl_dist.config import not_a_run_dir
 from jaxrl_dist.scheduling.records import ASYNC_PHASES, PHASE_PREFIX, ROUND_PHASES, STARTUP_PHASES, fold_startup
 from jaxrl_dist.tools.files import read_jsonl
 from jaxrl_dist.tools.plots import color, figure, save
@@ -91,8 +92,7 @@ def load_run(path) -> Run:
 
     path = Path(path)
     if not (path / METRICS_FILE).is_file():
-        what = "does not exist" if not path.exists() else f"no {METRICS_FILE}"
-        raise ReportError(f"{path}: not a run directory ({what})")  # as eval says
+        raise ReportError(not_a_run_dir(path, METRICS_FILE))
     try:
         records = read_metrics(path / METRICS_FILE)
     except (OSError, UnicodeDecodeError) as err:

@@ -44,7 +44,8 @@ from typing import Callable, Optional
 
 import jax
 
-from jaxrl_dist.config import MOVED, SCHEMAS, Config, ConfigError, from_dict, schema, without_secrets
+from jaxrl_dist.config import (MOVED, SCHEMAS, Config, ConfigError, from_dict, not_a_run_dir, schema,
+                               without_secrets)
 from jaxrl_dist.core.types import RunnerState, TrainState
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -325,9 +326,8 @@ def load_run_config(run_dir: Path, key: str = "run.resume") -> Config:
     import yaml
 
     path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():  # in the words `eval` and `report` use
-        what = "does not exist" if not Path(run_dir).exists() else f"no {CONFIG_FILE}"
-        raise ConfigError(f"{key}: {run_dir}: not a run directory ({what})")
+    if not path.is_file():
+        raise ConfigError(f"{key}: {not_a_run_dir(run_dir, CONFIG_FILE)}")
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
