@@ -142,11 +142,12 @@ class Deferred(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), attr)
 
 
-def quiet_ray_auth_notice() -> None:
-    """Ray (>= 2.5x) turns token authentication on for each new runtime it starts, its
-    default, and warns on every start that it did; a runtime this process starts on
-    loopback keeps the default without the line (an error there still shows). No Ray
-    import: the logger is Ray's module's, by name."""
+def quiet_ray_start() -> None:
+    """Before this process starts a Ray runtime on loopback: no usage stats leave the
+    host, and Ray (>= 2.5x), which turns token authentication on for each new runtime
+    (its default) and warns on every start that it did, keeps the default without the
+    line (an error there still shows). No Ray import: the logger is Ray's, by name."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
 
 

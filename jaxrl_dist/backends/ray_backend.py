@@ -60,7 +60,7 @@ from jaxrl_dist.backends import wire
 from jaxrl_dist.backends.retry import Failure, RetryPolicy
 from jaxrl_dist.backends.shard import ShardSpec, ShardWorker, slot_init_key
 from jaxrl_dist.config import ConfigError
-from jaxrl_dist.platform import logs_through_logging, quiet_ray_auth_notice, unrolled_threefry, use_unrolled_threefry
+from jaxrl_dist.platform import logs_through_logging, quiet_ray_start, unrolled_threefry, use_unrolled_threefry
 
 LOOPBACK_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the host's interface address
 MAX_BODY = 1 << 31
@@ -328,8 +328,7 @@ class RayBackend:
                             "token: ~/.ray/auth_token on its host, else RAY_AUTH_TOKEN)")
                     raise BackendError(f"ray: cannot join the cluster at {cfg.address}: {_one_line(err)}{hint}") from err
             else:
-                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
-                quiet_ray_auth_notice()
+                quiet_ray_start()
                 cpus = max(os.cpu_count() or 1, math.ceil(cfg.max_shards * cfg.num_cpus - 1e-9))
                 # "local": a new runtime, never one that `ray start` or RAY_ADDRESS names;
                 # actors at the driver's priority (Ray's default niceness 15 starves

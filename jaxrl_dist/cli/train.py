@@ -38,7 +38,7 @@ from jaxrl_dist.cli.compose import (COMPOSE_ERRORS, CONFIG_DIR, OPEN, hydra_mess
                                     unknown_preset)
 from jaxrl_dist.config import (SCHEMAS, Config, ConfigError, HttpBackendConfig, RayBackendConfig, check_resumed,
                                did_you_mean, distributed_config, from_job, needs, require, to_dict)
-from jaxrl_dist.platform import process_age_s, quiet_ray_auth_notice
+from jaxrl_dist.platform import process_age_s, quiet_ray_start
 from jaxrl_dist.trainers import status
 from jaxrl_dist.trainers.interrupt import Interrupted, StoppedAtOnce, exit_code, exit_now, resume_with
 
@@ -371,8 +371,7 @@ def _quiet_ray_runtime() -> None:
     """The Ray launcher's runtime (started in this process) says only what matters: no
     notice of its default token authentication, its jobs' line prefixes without colour
     codes in a log. Environment, not overrides: Ray reads them when the launcher starts it."""
-    quiet_ray_auth_notice()
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the host
+    quiet_ray_start()
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
